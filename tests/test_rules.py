@@ -55,8 +55,7 @@ def server_memory(text: str, *, via: Source = Source.BOT, guild: int = GUILD, **
 
 
 def personal_memory(text: str, owner: int, *, via: Source = Source.BOT, guild: int | None = GUILD, **extra: object) -> NewMemory:
-    by = owner if via != Source.BOT else owner
-    return NewMemory(list=MemoryList.PERSONAL, text=text, by=by, via=via, guild_id=guild, owner_id=owner, **extra)
+    return NewMemory(list=MemoryList.PERSONAL, text=text, by=owner, via=via, guild_id=guild, owner_id=owner, **extra)
 
 
 def message(text: str, author: int = JUNO, *, guild: int | None = GUILD, channel: int = CHANNEL, **extra: object) -> Conversation:
