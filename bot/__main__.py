@@ -1,4 +1,4 @@
-"""Command line: `python -m bot [run|console|simulate FILE]`.
+"""Command line: `python -m bot [run|console|simulate FILE|calibrate [--file FILE]]`.
 
 Every failure a user can cause (bad settings, an unreachable database, a broken scenario file)
 ends with one clear sentence on stderr and a non-zero exit status, never a traceback.
@@ -26,6 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("console", help="chat with the bot in this terminal")
     simulate = commands.add_parser("simulate", help="replay a JSONL scenario through the memory core")
     simulate.add_argument("file", help="scenario file (JSON Lines, see shared/scenarios/FORMAT.md or the README)")
+    calibrate = commands.add_parser("calibrate", help="measure which MIN_SIMILARITY suits the configured embedder")
+    calibrate.add_argument("--file", help="labelled pairs (JSON Lines) [default: tests/data/calibration.jsonl]")
     return parser
 
 
@@ -69,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "simulate":
             return _simulate(args.file, settings)
+        if args.command == "calibrate":
+            from bot.memory.calibration import run_cli
+
+            return run_cli(args.file, settings)
         from bot.console import run_console
 
         return asyncio.run(run_console(settings))
