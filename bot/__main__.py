@@ -26,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("console", help="chat with the bot in this terminal")
     simulate = commands.add_parser("simulate", help="replay a JSONL scenario through the memory core")
     simulate.add_argument("file", help="scenario file (JSON Lines, see shared/scenarios/FORMAT.md or the README)")
+    commands.add_parser("check", help="verify limits and counters of every stored memory (exit 1 on problems)")
     calibrate = commands.add_parser("calibrate", help="measure which MIN_SIMILARITY suits the configured embedder")
     calibrate.add_argument("--file", help="labelled pairs (JSON Lines) [default: tests/data/calibration.jsonl]")
     return parser
@@ -71,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "simulate":
             return _simulate(args.file, settings)
+        if args.command == "check":
+            from bot.check import run_check
+
+            return asyncio.run(run_check(settings))
         if args.command == "calibrate":
             from bot.memory.calibration import run_cli
 

@@ -336,6 +336,57 @@ async def delete_memories(conn: Connection, memory_ids: Sequence[int]) -> int:
     return int(status.split()[-1])
 
 
+# --- integrity (python -m bot check) ---------------------------------------------------------------
+
+INTEGRITY_CHECKS: dict[str, str] = {
+    "server list over its limit": """
+        SELECT format('server %s, persona %s: %s memories (limit %s)', guild_id, persona_id, count(*), $1::int)
+        FROM memories WHERE list = 'server' GROUP BY guild_id, persona_id HAVING count(*) > $1::int""",
+    "personal list over its limit": """
+        WITH lists AS (
+            SELECT DISTINCT owner_id, persona_id FROM memories WHERE list = 'personal' AND persona_id IS NOT NULL
+            UNION SELECT DISTINCT owner_id, NULL::bigint FROM memories WHERE list = 'personal'
+        )
+        SELECT format('user %s, persona %s: %s memories (limit %s)', l.owner_id, coalesce(l.persona_id::text, 'Global'),
+                      count(m.id), $1::int)
+        FROM lists l JOIN memories m ON m.list = 'personal' AND m.owner_id = l.owner_id
+             AND (m.persona_id IS NULL OR m.persona_id = l.persona_id)
+        GROUP BY l.owner_id, l.persona_id HAVING count(m.id) > $1::int""",
+    "counter dates out of order": """
+        SELECT format('memory %s: last_aged_on %s is before the day it was saved (%s) or last used (%s)',
+                      id, last_aged_on, created_at::date, last_used_at::date)
+        FROM memories
+        WHERE last_aged_on < (created_at AT TIME ZONE 'UTC')::date
+           OR (last_used_at IS NOT NULL AND last_aged_on < (last_used_at AT TIME ZONE 'UTC')::date)""",
+    "aged more than once a day": """
+        SELECT format('memory %s: %s days unused but only %s days since it was saved or last used',
+                      id, days_unused, last_aged_on - (coalesce(last_used_at, created_at) AT TIME ZONE 'UTC')::date)
+        FROM memories
+        WHERE days_unused > last_aged_on - (greatest(coalesce(last_used_at, created_at), created_at) AT TIME ZONE 'UTC')::date""",
+    "unprotected memory that must be protected": """
+        SELECT format('memory %s: %s but not protected', id,
+                      CASE WHEN persona_id IS NULL THEN 'Global' ELSE 'added or edited by a command' END)
+        FROM memories WHERE NOT protected AND (source = 'command' OR (list = 'personal' AND persona_id IS NULL))""",
+    "server memory under another server's persona": """
+        SELECT format('memory %s: server %s but persona %s belongs to %s', m.id, m.guild_id, m.persona_id, p.guild_id)
+        FROM memories m JOIN personas p ON p.id = m.persona_id
+        WHERE m.list = 'server' AND p.guild_id IS DISTINCT FROM m.guild_id""",
+    "vector of an old text": """
+        SELECT format('memory %s: its vector in space %s was computed from another text', v.memory_id, v.space_id)
+        FROM memory_vectors v JOIN memories m ON m.id = v.memory_id
+        WHERE v.text_hash <> left(encode(sha256(convert_to(m.text, 'UTF8')), 'hex'), 32)""",
+}
+
+
+async def integrity_problems(conn: Connection, server_limit: int, personal_limit: int) -> dict[str, list[str]]:
+    """Every inconsistency the rules forbid, by kind; empty lists mean the data is sound."""
+    limits = {"server list over its limit": (server_limit,), "personal list over its limit": (personal_limit,)}
+    found: dict[str, list[str]] = {}
+    for name, sql in INTEGRITY_CHECKS.items():
+        found[name] = [row[0] for row in await conn.fetch(sql, *limits.get(name, ()))]
+    return found
+
+
 # --- people and servers ----------------------------------------------------------------------------
 
 async def get_privacy(conn: Connection, user_id: int) -> Privacy:
