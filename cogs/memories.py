@@ -1,0 +1,144 @@
+"""`/memories ...`: the server memories of this server's persona (SPEC §6).
+
+Everyone may read the list (it is what the bot knows about the server). Changing it needs Manage
+Server, or, when the server switched member teaching on, anyone may add memories and change the
+ones they added. Import and export stay with Manage Server: they move the whole list at once.
+"""
+
+from __future__ import annotations
+
+import discord
+from discord import app_commands
+from discord.ext import commands
+
+from bot.memory.manage import ListRef
+from bot.memory.models import Memory
+from cogs import memory_flows as flows
+from cogs.ui import Refused, can_manage
+
+NEEDS_MANAGE = (
+    "only members with Manage Server can {what} (or anyone, for their own memories, when the server turns member teaching on)"
+)
+AnyChannel = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.StageChannel
+
+
+@app_commands.guild_only()
+class Memories(commands.GroupCog, group_name="memories", group_description="What the bot remembers about this server"):
+    def __init__(self, bot: commands.Bot) -> None:
+        self.bot = bot
+
+    async def interaction_check(self, interaction: discord.Interaction, /) -> bool:
+        if interaction.guild_id is None:  # guild_only hides it in DMs; a stale client could still send it
+            raise app_commands.NoPrivateMessage()
+        return True
+
+    async def ref(self, interaction: discord.Interaction) -> ListRef:
+        assert interaction.guild_id is not None
+        return await flows.manager_of(interaction).server_list(interaction.guild_id)
+
+    async def member_teaching(self, interaction: discord.Interaction) -> bool:
+        assert interaction.guild_id is not None
+        return (await flows.manager_of(interaction).guild_settings(interaction.guild_id)).member_teaching
+
+    async def changeable(self, interaction: discord.Interaction, memory_id: int, what: str) -> tuple[ListRef, Memory]:
+        """The memory, if the caller may change it: Manage Server, or its author with member teaching on."""
+        ref = await self.ref(interaction)
+        memory = await flows.manager_of(interaction).get(ref, memory_id)
+        if can_manage(interaction):
+            return ref, memory
+        if not await self.member_teaching(interaction):
+            raise Refused(NEEDS_MANAGE.format(what=what))
+        if memory.created_by != interaction.user.id:
+            raise Refused(f"you can only {what} server memories you added yourself; ask someone with Manage Server")
+        return ref, memory
+
+    async def memory_autocomplete(self, interaction: discord.Interaction, current: str) -> list[app_commands.Choice[int]]:
+        if interaction.guild_id is None:
+            return []
+        ref = await self.ref(interaction)
+        # members without Manage Server can only change their own, so only those are offered
+        created_by = None if can_manage(interaction) else interaction.user.id
+        return await flows.memory_choices(interaction, ref, current, created_by=created_by)
+
+    @app_commands.command(name="list", description="This server's memories: desk or drawer, days unused, protection, tags")
+    @app_commands.describe(page="Page to open (oldest memories first)")
+    async def list_memories(self, interaction: discord.Interaction, page: app_commands.Range[int, 1, 10_000] = 1) -> None:
+        ref = await self.ref(interaction)
+        await flows.list_flow(
+            interaction, ref, page, "Server memories", "No server memories yet. Add one with `/memories add`."
+        )
+
+    @app_commands.command(name="search", description="Find server memories by meaning or by text")
+    @app_commands.describe(query="Words or a question, e.g. 'Juno's pets'")
+    async def search(self, interaction: discord.Interaction, query: app_commands.Range[str, 1, 200]) -> None:
+        await flows.search_flow(interaction, await self.ref(interaction), query, "Server memories")
+
+    @app_commands.command(name="add", description="Teach the bot a fact about this server (opens a form if you leave text empty)")
+    @app_commands.describe(
+        text="The fact to remember; leave empty to write it in a form",
+        tags="Optional tags, separated by spaces or commas (used when tagging is on)",
+        channel="Only use this memory in one channel",
+    )
+    async def add(
+        self,
+        interaction: discord.Interaction,
+        text: app_commands.Range[str, 1, 4000] | None = None,
+        tags: app_commands.Range[str, 1, 300] | None = None,
+        channel: AnyChannel | None = None,
+    ) -> None:
+        manager = can_manage(interaction)
+        if not manager and not await self.member_teaching(interaction):
+            raise Refused(NEEDS_MANAGE.format(what="add server memories"))
+        channels = (channel.id,) if channel is not None else ()
+        ref = await self.ref(interaction)
+        await flows.add_flow(interaction, ref, text, tags=tags, channel_ids=channels, by_can_manage=manager)
+
+    @app_commands.command(name="edit", description="Change a server memory's text or tags (protects it from being forgotten)")
+    @app_commands.describe(memory="The memory to edit: start typing its text")
+    @app_commands.autocomplete(memory=memory_autocomplete)
+    async def edit(self, interaction: discord.Interaction, memory: int) -> None:
+        ref, found = await self.changeable(interaction, memory, "edit")
+        await flows.edit_flow(interaction, ref, found, by_can_manage=can_manage(interaction))
+
+    @app_commands.command(name="delete", description="Delete a server memory for good (asks first)")
+    @app_commands.describe(memory="The memory to delete: start typing its text")
+    @app_commands.autocomplete(memory=memory_autocomplete)
+    async def delete(self, interaction: discord.Interaction, memory: int) -> None:
+        ref, found = await self.changeable(interaction, memory, "delete")
+        await flows.delete_flow(interaction, ref, found, by_can_manage=can_manage(interaction))
+
+    @app_commands.command(name="export", description="Download this server's memories as a JSON file")
+    async def export(self, interaction: discord.Interaction) -> None:
+        if not can_manage(interaction):
+            raise Refused("only members with Manage Server can export the server's memories")
+        await flows.export_flow(interaction, await self.ref(interaction), f"deskmate-server-{interaction.guild_id}")
+
+    @app_commands.command(name="import", description="Load server memories from an export file (merge, or replace all)")
+    @app_commands.describe(
+        file="A JSON file made by /memories export",
+        mode="merge: add what is new (default); replace: delete the current memories first (asks first)",
+    )
+    @app_commands.choices(
+        mode=[
+            app_commands.Choice(name="merge: add what is new", value="merge"),
+            app_commands.Choice(name="replace: delete the current memories first", value="replace"),
+        ]
+    )
+    async def import_memories(
+        self, interaction: discord.Interaction, file: discord.Attachment, mode: str = "merge"
+    ) -> None:
+        if not can_manage(interaction):
+            raise Refused("only members with Manage Server can import server memories")
+        guild = interaction.guild
+        known = None
+        if guild is not None and guild.channels:
+            known = {channel.id for channel in guild.channels}
+        await flows.import_flow(interaction, await self.ref(interaction), file, mode, by_can_manage=True, known_channel_ids=known)
+
+    @app_commands.command(name="stats", description="How many server memories are on the desk, in the drawer, and their size")
+    async def stats(self, interaction: discord.Interaction) -> None:
+        await flows.stats_flow(interaction, await self.ref(interaction), "Server memories")
+
+
+async def setup(bot: commands.Bot) -> None:
+    await bot.add_cog(Memories(bot))

@@ -1,0 +1,262 @@
+"""The flows `/memories` and `/personal memories` share: list, search, add, edit, delete, export, import, stats.
+
+Not an extension. Each flow takes the interaction and the `ListRef` the cog resolved, calls the
+`MemoryManager`, and answers ephemerally. Permission decisions stay in the core and the manager;
+the pre-checks here only avoid opening a modal for someone whose save would be refused anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import discord
+from discord import app_commands
+
+from bot.memory.manage import ImportMode, ImportPlan, ListRef, ListStats, ManageError, MemoryManager, Page, split_tags
+from bot.memory.models import Memory, MemoryList
+from cogs.ui import (
+    COLOUR,
+    LIST_PAGE_SIZE,
+    Refused,
+    TextModal,
+    ask_confirmation,
+    bot_of,
+    clip,
+    json_file,
+    memory_choice,
+    memory_embed,
+    page_embed,
+    quote,
+    refuse,
+    reply,
+    save_message,
+    send_paged,
+    sentence,
+)
+
+AUTOCOMPLETE_LIMIT = 25
+
+
+def manager_of(interaction: discord.Interaction) -> MemoryManager:
+    manager = bot_of(interaction).manager
+    if manager is None:
+        raise Refused("the bot is still starting; try again in a moment")
+    return manager
+
+
+def parse_tags(raw: str | None) -> tuple[str, ...]:
+    try:
+        return split_tags(raw)
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
+
+
+async def list_flow(interaction: discord.Interaction, ref: ListRef, page: int, title: str, empty: str) -> None:
+    manager = manager_of(interaction)
+
+    async def fetch(number: int) -> Page:
+        return await manager.page(ref, number, LIST_PAGE_SIZE)
+
+    await send_paged(interaction, fetch, lambda p: page_embed(title, p, empty), page - 1)
+
+
+async def search_flow(interaction: discord.Interaction, ref: ListRef, query: str, title: str) -> None:
+    manager = manager_of(interaction)
+    await interaction.response.defer(ephemeral=True, thinking=True)
+    result = await manager.search(ref, query)
+    if not result.items:
+        because = f" ({result.note})" if result.note else ""
+        await reply(interaction, sentence(f"nothing in {ref.label} matches {clip(query, 80)!r}{because}"))
+        return
+    how = "closest by meaning first, then text matches" if result.semantic else "text matches"
+    description = f"Search: **{discord.utils.escape_markdown(clip(query, 100))}** · {how}"
+    footer = sentence(result.note) if result.note else "Searching never changes a memory's days unused."
+    await reply(interaction, embed=memory_embed(title, result.items[:10], description=description, footer=footer))
+
+
+async def add_flow(
+    interaction: discord.Interaction,
+    ref: ListRef,
+    text: str | None,
+    *,
+    tags: str | None,
+    channel_ids: Sequence[int] = (),
+    is_global: bool = False,
+    by_can_manage: bool = False,
+    note: str | None = None,
+) -> None:
+    """Save now when the text was typed in the option, or open a modal to write it."""
+    manager = manager_of(interaction)
+    tag_values = parse_tags(tags)
+
+    async def save(submitted: discord.Interaction, body: str, modal_tags: str | None) -> None:
+        chosen_tags = parse_tags(modal_tags) if modal_tags is not None else tag_values
+        result = await manager.add(
+            ref,
+            body,
+            by=submitted.user.id,
+            by_can_manage=by_can_manage,
+            tags=chosen_tags,
+            channel_ids=channel_ids,
+            is_global=is_global,
+        )
+        if result.saved is None:
+            await refuse(submitted, f"not saved: {result.detail}")
+            return
+        message = save_message(result)
+        if note:
+            message += "\n" + note
+        await reply(submitted, message)
+
+    if text is not None:
+        await save(interaction, text, None)
+        return
+    modal = TextModal(
+        "New server memory" if ref.list == MemoryList.SERVER else "New personal memory",
+        save,
+        label="What should I remember?",
+        max_length=manager.settings.memory_max_chars,
+        placeholder="A fact, e.g. Juno's cat is called Mochi",
+        extra_label="Tags (optional, separated by spaces or commas)",
+        extra_default=" ".join(tag_values) or None,
+    )
+    await interaction.response.send_modal(modal)
+
+
+async def edit_flow(interaction: discord.Interaction, ref: ListRef, memory: Memory, *, by_can_manage: bool = False) -> None:
+    """Open a modal with the memory's text and tags; saving protects it and restarts its counter."""
+    manager = manager_of(interaction)
+
+    async def save(submitted: discord.Interaction, body: str, modal_tags: str | None) -> None:
+        result = await manager.edit(
+            ref, memory.id, body, by=submitted.user.id, by_can_manage=by_can_manage, tags=parse_tags(modal_tags)
+        )
+        if result.saved is None:
+            await refuse(submitted, f"not changed: {result.detail}")
+            return
+        await reply(submitted, save_message(result, verb="Updated"))
+
+    modal = TextModal(
+        f"Edit memory #{memory.id}",
+        save,
+        label="Memory",
+        default=memory.text,
+        max_length=manager.settings.memory_max_chars,
+        extra_label="Tags (optional, separated by spaces or commas)",
+        extra_default=" ".join(memory.tags) or None,
+    )
+    await interaction.response.send_modal(modal)
+
+
+async def delete_flow(interaction: discord.Interaction, ref: ListRef, memory: Memory, *, by_can_manage: bool = False) -> None:
+    manager = manager_of(interaction)
+
+    async def confirmed(pressed: discord.Interaction) -> str:
+        result = await manager.delete(ref, memory.id, by=pressed.user.id, by_can_manage=by_can_manage)
+        if result.rejected is not None:
+            return sentence(f"not deleted: {result.detail}")
+        return f"Deleted memory #{memory.id}."
+
+    await ask_confirmation(interaction, f"Delete memory #{memory.id} for good?\n{quote(memory.text, 500)}", confirmed)
+
+
+async def export_flow(interaction: discord.Interaction, ref: ListRef, filename: str) -> None:
+    manager = manager_of(interaction)
+    await interaction.response.defer(ephemeral=True, thinking=True)
+    doc = await manager.export(ref)
+    count = len(doc["memories"])
+    today = datetime.now(UTC).date().isoformat()
+    noun = "memory" if count == 1 else "memories"
+    await reply(
+        interaction,
+        f"{count} {noun} from {ref.label}. Import the file with the import command (merge or replace).",
+        file=json_file(doc, f"{filename}-{today}.json"),
+    )
+
+
+def describe_import(plan: ImportPlan) -> str:
+    parts = [f"{len(plan.entries)} memor{'y' if len(plan.entries) == 1 else 'ies'}"]
+    if plan.duplicates_in_file:
+        parts.append(f"{plan.duplicates_in_file} repeated in the file (skipped)")
+    if plan.dropped_channel_limits:
+        parts.append(f"{plan.dropped_channel_limits} with channel limits naming channels not in this server (limits removed)")
+    return ", ".join(parts)
+
+
+async def import_flow(
+    interaction: discord.Interaction,
+    ref: ListRef,
+    attachment: discord.Attachment,
+    mode: str,
+    *,
+    by_can_manage: bool = False,
+    known_channel_ids: set[int] | None = None,
+) -> None:
+    """Check the whole file first; merge at once, replace only after a confirmation. One transaction either way."""
+    manager = manager_of(interaction)
+    if attachment.size > manager.import_max_bytes:
+        raise Refused(f"the file has {attachment.size:,} bytes; imports are limited to {manager.import_max_bytes:,}")
+    await interaction.response.defer(ephemeral=True, thinking=True)
+    try:
+        raw = await attachment.read()
+    except discord.HTTPException as exc:
+        raise Refused(f"I could not download the file from Discord ({exc.status}); try again") from None
+    plan = manager.parse_import(ref, raw, known_channel_ids=known_channel_ids)
+    chosen = ImportMode(mode)
+    by = interaction.user.id
+
+    async def run(_: discord.Interaction | None = None) -> str:
+        result = await manager.import_memories(ref, plan, mode=chosen, by=by, by_can_manage=by_can_manage)
+        lines = [f"Imported {result.added} memor{'y' if result.added == 1 else 'ies'} into {ref.label} ({chosen.value})."]
+        if result.removed:
+            lines.append(f"Replaced {result.removed} that were there before.")
+        if result.skipped_duplicates:
+            lines.append(f"Skipped {result.skipped_duplicates} already there or repeated in the file.")
+        if result.embedded < result.added:
+            lines.append(f"{result.added - result.embedded} are waiting for a vector and will be embedded in the background.")
+        if result.dropped_channel_limits:
+            lines.append(f"Removed the channel limits of {result.dropped_channel_limits} (channels not in this server).")
+        lines.append("Imported memories are unprotected until someone edits them with a command.")
+        return "\n".join(lines)
+
+    if chosen == ImportMode.MERGE:
+        await reply(interaction, await run())
+        return
+    target = ref.widened() if ref.list == MemoryList.PERSONAL else ref
+    current = (await manager.page(target, 0, 1)).total
+    await ask_confirmation(
+        interaction,
+        f"Replace deletes the {current} memories now in {target.label} and imports {describe_import(plan)}. Go ahead?",
+        run,
+        confirm_label="Replace",
+    )
+
+
+def stats_embed(title: str, stats: ListStats) -> discord.Embed:
+    embed = discord.Embed(title=title, colour=COLOUR)
+    embed.add_field(name="Memories", value=f"{stats.total} of {stats.limit}", inline=True)
+    embed.add_field(name="On the desk", value=str(stats.desk), inline=True)
+    embed.add_field(name="In the drawer", value=str(stats.drawer), inline=True)
+    embed.add_field(name="Waiting for a vector", value=str(stats.waiting), inline=True)
+    embed.add_field(name="Protected", value=str(stats.protected), inline=True)
+    embed.add_field(name="Tokens", value=f"~{stats.desk_tokens} on the desk, ~{stats.total_tokens} in all", inline=True)
+    decay = "on" if stats.decay else "off (every memory stays on the desk)"
+    embed.set_footer(text=f"Embedding model: {stats.embedding} · decay {decay}")
+    return embed
+
+
+async def stats_flow(interaction: discord.Interaction, ref: ListRef, title: str) -> None:
+    stats = await manager_of(interaction).stats(ref)
+    await reply(interaction, embed=stats_embed(title, stats))
+
+
+async def memory_choices(
+    interaction: discord.Interaction, ref: ListRef, current: str, *, created_by: int | None = None
+) -> list[app_commands.Choice[int]]:
+    """Autocomplete: never raises (Discord would only show 'loading options failed')."""
+    try:
+        memories = await manager_of(interaction).suggest(ref, current, created_by=created_by, limit=AUTOCOMPLETE_LIMIT)
+    except (ManageError, Refused):
+        return []
+    return [memory_choice(memory) for memory in memories]

@@ -1,0 +1,365 @@
+"""`/settings ...`: a server's Deskmate settings, for members with Manage Server (SPEC §6).
+
+The command is hidden from other members by its default permissions, and every call checks
+Manage Server again: a server admin can grant the command to more people in Discord's
+Integrations page, but the spec ties these settings to Manage Server itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import discord
+from discord import app_commands
+from discord.ext import commands
+
+from bot.memory.models import GuildSettings
+from bot.memory.visibility import clean_text
+from bot.pipeline import ReplyPipeline
+from cogs import memory_flows as flows
+from cogs.ui import COLOUR, Refused, TextModal, bot_of, can_manage, clip, reply, sentence
+
+ReplyChannel = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.StageChannel | discord.Thread
+MAX_AUTO_REPLY_CHANNELS = 25
+MAX_ATTRIBUTES = 25
+MAX_LORE_ENTRIES = 25
+LORE_MAX_CHARS = 1000
+PERSONA_PROMPT_MAX_CHARS = 4000
+ON_OFF = {True: "on", False: "off"}
+
+
+def pipeline_of(interaction: discord.Interaction) -> ReplyPipeline:
+    pipeline = bot_of(interaction).pipeline
+    if pipeline is None:
+        raise Refused("the bot is still starting; try again in a moment")
+    return pipeline
+
+
+def settings_embed(guild: GuildSettings, persona: dict[str, Any], lore_count: int, blocked: int) -> discord.Embed:
+    embed = discord.Embed(title="Deskmate settings for this server", colour=COLOUR)
+    where = {"visible": "in the channel", "hidden": "hidden", "log": "in a log channel"}[guild.notices]
+    log_channel = f" (<#{guild.log_channel_id}>)" if guild.log_channel_id else ""
+    embed.add_field(name="Memory notices", value=f"{where}{log_channel}, {guild.notice_verbosity}", inline=False)
+    embed.add_field(name="Self-teaching", value=ON_OFF[guild.self_teaching], inline=True)
+    embed.add_field(name="Member teaching", value=ON_OFF[guild.member_teaching], inline=True)
+    embed.add_field(name="Personal memories", value=ON_OFF[guild.personal_memories], inline=True)
+    embed.add_field(name="Tagging", value=ON_OFF[guild.tagging], inline=True)
+    embed.add_field(name="Blocked members", value=str(blocked), inline=True)
+    channels = " ".join(f"<#{channel}>" for channel in guild.auto_reply_channel_ids) or "none"
+    embed.add_field(name="Auto-reply channels", value=channels, inline=False)
+    attributes = persona.get("attributes") or {}
+    shown = "\n".join(f"**{key}**: {value}" for key, value in sorted(attributes.items())) or "none"
+    embed.add_field(name=f"Persona: {persona['name']}", value=clip(persona["prompt"] or "(no prompt)", 600), inline=False)
+    embed.add_field(name="Persona attributes", value=clip(shown, 1000), inline=False)
+    embed.add_field(name="Always-on lore", value=f"{lore_count} entries (`/settings lore list`)", inline=False)
+    return embed
+
+
+@app_commands.guild_only()
+@app_commands.default_permissions(manage_guild=True)
+class Settings(commands.GroupCog, group_name="settings", group_description="Deskmate's settings for this server (Manage Server)"):
+    blocklist = app_commands.Group(name="blocklist", description="Members the bot ignores here (their memories stay unused here)")
+    auto_reply = app_commands.Group(name="auto-reply", description="Channels where the bot answers every message")
+    persona = app_commands.Group(name="persona", description="The bot's name, prompt and attributes in this server")
+    lore = app_commands.Group(name="lore", description="Always-on lore: rules and facts in every prompt")
+
+    def __init__(self, bot: commands.Bot) -> None:
+        self.bot = bot
+
+    async def interaction_check(self, interaction: discord.Interaction, /) -> bool:
+        if interaction.guild_id is None:
+            raise app_commands.NoPrivateMessage()
+        if not can_manage(interaction):
+            raise Refused("only members with Manage Server can change Deskmate's settings here")
+        return True
+
+    def guild_id(self, interaction: discord.Interaction) -> int:
+        assert interaction.guild_id is not None
+        return interaction.guild_id
+
+    async def change(self, interaction: discord.Interaction, message: str, **changes: object) -> None:
+        await flows.manager_of(interaction).core.update_guild_settings(self.guild_id(interaction), **changes)
+        await reply(interaction, message)
+
+    async def current(self, interaction: discord.Interaction) -> GuildSettings:
+        return await flows.manager_of(interaction).guild_settings(self.guild_id(interaction))
+
+    @app_commands.command(name="show", description="All of Deskmate's settings in this server")
+    async def show(self, interaction: discord.Interaction) -> None:
+        guild_id = self.guild_id(interaction)
+        manager = flows.manager_of(interaction)
+        pipeline = pipeline_of(interaction)
+        embed = settings_embed(
+            await manager.guild_settings(guild_id),
+            await pipeline.persona(guild_id),
+            len(await pipeline.lore(guild_id)),
+            len(await manager.blocklist(guild_id)),
+        )
+        await reply(interaction, embed=embed)
+
+    @app_commands.command(name="notices", description="Where notices about memories the bot saved or forgot go, and how detailed")
+    @app_commands.describe(
+        mode="visible: in the channel; hidden: not shown; log: in a log channel",
+        verbosity="minimal: what happened; verbose: also the saved and forgotten text",
+        log_channel="The channel for notices in log mode",
+    )
+    @app_commands.choices(
+        mode=[
+            app_commands.Choice(name="visible in the channel", value="visible"),
+            app_commands.Choice(name="hidden", value="hidden"),
+            app_commands.Choice(name="sent to a log channel", value="log"),
+        ],
+        verbosity=[
+            app_commands.Choice(name="minimal", value="minimal"),
+            app_commands.Choice(name="verbose (shows saved and forgotten text)", value="verbose"),
+        ],
+    )
+    async def notices(
+        self,
+        interaction: discord.Interaction,
+        mode: str,
+        verbosity: str | None = None,
+        log_channel: discord.TextChannel | None = None,
+    ) -> None:
+        current = await self.current(interaction)
+        changes: dict[str, object] = {"notices": mode}
+        if verbosity is not None:
+            changes["notice_verbosity"] = verbosity
+        if log_channel is not None:
+            me = log_channel.guild.me
+            if me is not None and not log_channel.permissions_for(me).send_messages:
+                raise Refused(f"I cannot send messages in {log_channel.mention}; give me Send Messages there first")
+            changes["log_channel_id"] = log_channel.id
+        if mode == "log" and log_channel is None and current.log_channel_id is None:
+            raise Refused("pick a log_channel: in log mode the notices go there")
+        log_id = changes.get("log_channel_id", current.log_channel_id)
+        where = {"visible": "in the channel", "hidden": "nowhere (hidden)", "log": f"to <#{log_id}>"}[mode]
+        detail = changes.get("notice_verbosity", current.notice_verbosity)
+        await self.change(interaction, f"Memory notices now go {where}, {detail}.", **changes)
+
+    async def switch(self, interaction: discord.Interaction, column: str, enabled: bool, on: str, off: str) -> None:
+        await self.change(interaction, on if enabled else off, **{column: enabled})
+
+    @app_commands.command(name="self-teaching", description="Whether the bot may save and change memories on its own")
+    @app_commands.describe(enabled="On: the bot saves memories through its tools; off: only people add them")
+    async def self_teaching(self, interaction: discord.Interaction, enabled: bool) -> None:
+        await self.switch(
+            interaction, "self_teaching", enabled,
+            "Self-teaching is on: the bot may save and change memories by itself.",
+            "Self-teaching is off: only people add memories here.",
+        )
+
+    @app_commands.command(name="member-teaching", description="Whether every member may add server memories")
+    @app_commands.describe(enabled="On: anyone can add server memories and change their own")
+    async def member_teaching(self, interaction: discord.Interaction, enabled: bool) -> None:
+        await self.switch(
+            interaction, "member_teaching", enabled,
+            "Member teaching is on: everyone can add server memories and change the ones they added.",
+            "Member teaching is off: only members with Manage Server change server memories.",
+        )
+
+    @app_commands.command(name="personal-memories", description="Whether the bot uses people's personal memories here")
+    @app_commands.describe(enabled="Off: personal memories are neither used nor saved in this server")
+    async def personal_memories(self, interaction: discord.Interaction, enabled: bool) -> None:
+        await self.switch(
+            interaction, "personal_memories", enabled,
+            "Personal memories are on in this server.",
+            "Personal memories are off here: the bot neither uses nor saves them in this server (they still work elsewhere).",
+        )
+
+    @app_commands.command(name="tagging", description="Whether tagged memories are used only when a tag comes up")
+    @app_commands.describe(enabled="On: a tagged memory is used only when one of its tags appears in the conversation")
+    async def tagging(self, interaction: discord.Interaction, enabled: bool) -> None:
+        await self.switch(
+            interaction, "tagging", enabled,
+            "Tagging is on: a memory with tags is used only when one of its tags appears in the conversation.",
+            "Tagging is off: tags are ignored.",
+        )
+
+    # --- blocklist ---
+
+    @blocklist.command(name="add", description="Block a member: no replies to them, their personal memories unused here")
+    @app_commands.describe(user="The member to block")
+    async def blocklist_add(self, interaction: discord.Interaction, user: discord.User) -> None:
+        if user.bot:
+            raise Refused("bots never get replies anyway; there is no need to block them")
+        await flows.manager_of(interaction).core.set_blocked(self.guild_id(interaction), user.id, True)
+        await reply(interaction, f"Blocked {user.mention}: the bot will not answer them or use their personal memories here.")
+
+    @blocklist.command(name="remove", description="Unblock a member")
+    @app_commands.describe(user="The member to unblock")
+    async def blocklist_remove(self, interaction: discord.Interaction, user: discord.User) -> None:
+        await flows.manager_of(interaction).core.set_blocked(self.guild_id(interaction), user.id, False)
+        await reply(interaction, f"Unblocked {user.mention}.")
+
+    @blocklist.command(name="list", description="Members the bot ignores in this server")
+    async def blocklist_list(self, interaction: discord.Interaction) -> None:
+        blocked = await flows.manager_of(interaction).blocklist(self.guild_id(interaction))
+        if not blocked:
+            await reply(interaction, "Nobody is blocked in this server.")
+            return
+        lines = [f"<@{user_id}> (since {discord.utils.format_dt(since, 'd')})" for user_id, since in blocked]
+        embed = discord.Embed(title="Blocked members", description=clip("\n".join(lines), 4000), colour=COLOUR)
+        await reply(interaction, embed=embed)
+
+    # --- auto-reply channels ---
+
+    @auto_reply.command(name="add", description="Answer every message in a channel (threads in it included)")
+    @app_commands.describe(channel="The channel")
+    async def auto_reply_add(self, interaction: discord.Interaction, channel: ReplyChannel) -> None:
+        current = list((await self.current(interaction)).auto_reply_channel_ids)
+        if channel.id in current:
+            raise Refused(f"{channel.mention} is already an auto-reply channel")
+        if len(current) >= MAX_AUTO_REPLY_CHANNELS:
+            raise Refused(f"a server can have at most {MAX_AUTO_REPLY_CHANNELS} auto-reply channels; remove one first")
+        await self.change(
+            interaction, f"The bot now answers every message in {channel.mention}.", auto_reply_channel_ids=[*current, channel.id]
+        )
+
+    @auto_reply.command(name="remove", description="Stop answering every message in a channel")
+    @app_commands.describe(channel="The channel")
+    async def auto_reply_remove(self, interaction: discord.Interaction, channel: ReplyChannel) -> None:
+        current = list((await self.current(interaction)).auto_reply_channel_ids)
+        if channel.id not in current:
+            raise Refused(f"{channel.mention} is not an auto-reply channel")
+        remaining = [channel_id for channel_id in current if channel_id != channel.id]
+        await self.change(
+            interaction,
+            f"The bot answers in {channel.mention} only when mentioned, replied to or called by name.",
+            auto_reply_channel_ids=remaining,
+        )
+
+    @auto_reply.command(name="list", description="Channels where the bot answers every message")
+    async def auto_reply_list(self, interaction: discord.Interaction) -> None:
+        channels = (await self.current(interaction)).auto_reply_channel_ids
+        text = " ".join(f"<#{channel}>" for channel in channels)
+        await reply(interaction, f"Auto-reply channels: {text}." if text else "No auto-reply channels.")
+
+    # --- persona ---
+
+    @persona.command(name="show", description="The persona's name, prompt and attributes")
+    async def persona_show(self, interaction: discord.Interaction) -> None:
+        persona = await pipeline_of(interaction).persona(self.guild_id(interaction))
+        embed = discord.Embed(title=f"Persona: {persona['name']}", description=clip(persona["prompt"] or "(no prompt)", 4000))
+        for key, value in sorted((persona.get("attributes") or {}).items()):
+            embed.add_field(name=clip(key, 256), value=clip(str(value), 1024), inline=True)
+        await reply(interaction, embed=embed)
+
+    @persona.command(name="name", description="The name the bot goes by here (it also answers when called by it)")
+    @app_commands.describe(name="The new name")
+    async def persona_name(self, interaction: discord.Interaction, name: app_commands.Range[str, 1, 80]) -> None:
+        cleaned = " ".join(name.split())
+        if not cleaned:
+            raise Refused("the name cannot be blank")
+        await pipeline_of(interaction).update_persona(self.guild_id(interaction), name=cleaned)
+        await reply(interaction, f"The persona is now called **{discord.utils.escape_markdown(cleaned)}**.")
+
+    @persona.command(name="prompt", description="Write the persona prompt: who the bot is and how it talks here (opens a form)")
+    async def persona_prompt(self, interaction: discord.Interaction) -> None:
+        guild_id = self.guild_id(interaction)
+        pipeline = pipeline_of(interaction)
+        persona = await pipeline.persona(guild_id)
+
+        async def save(submitted: discord.Interaction, text: str, _: str | None) -> None:
+            try:
+                cleaned = clean_text(text, PERSONA_PROMPT_MAX_CHARS)
+            except ValueError as exc:
+                raise Refused(str(exc)) from None
+            await pipeline.update_persona(guild_id, prompt=cleaned)
+            await reply(submitted, "Saved the persona prompt. It is part of every reply's prompt from now on.")
+
+        modal = TextModal(
+            "Persona prompt",
+            save,
+            label="Who is the bot here, and how does it talk?",
+            default=clip(persona["prompt"] or "", PERSONA_PROMPT_MAX_CHARS) or None,
+            max_length=PERSONA_PROMPT_MAX_CHARS,
+        )
+        await interaction.response.send_modal(modal)
+
+    @persona.command(name="attribute", description="Set a persona attribute (e.g. language = Spanish); no value removes it")
+    @app_commands.describe(key="The attribute, e.g. language, tone, pronouns", value="Its value; leave empty to remove it")
+    async def persona_attribute(
+        self,
+        interaction: discord.Interaction,
+        key: app_commands.Range[str, 1, 40],
+        value: app_commands.Range[str, 1, 200] | None = None,
+    ) -> None:
+        guild_id = self.guild_id(interaction)
+        pipeline = pipeline_of(interaction)
+        attributes = dict((await pipeline.persona(guild_id)).get("attributes") or {})
+        key = " ".join(key.split()).lower()
+        if value is None:
+            if attributes.pop(key, None) is None:
+                raise Refused(f"the persona has no attribute {key!r}")
+            message = f"Removed the attribute **{key}**."
+        else:
+            if key not in attributes and len(attributes) >= MAX_ATTRIBUTES:
+                raise Refused(f"a persona can have at most {MAX_ATTRIBUTES} attributes; remove one first")
+            attributes[key] = " ".join(value.split())
+            message = f"Set **{key}** = {attributes[key]}."
+        await pipeline.update_persona(guild_id, attributes=attributes)
+        await reply(interaction, message)
+
+    # --- lore ---
+
+    async def lore_autocomplete(self, interaction: discord.Interaction, current: str) -> list[app_commands.Choice[int]]:
+        if interaction.guild_id is None or bot_of(interaction).pipeline is None:
+            return []
+        entries = await pipeline_of(interaction).lore(interaction.guild_id)
+        wanted = current.strip().lstrip("#").casefold()
+        return [
+            app_commands.Choice(name=clip(f"#{entry['id']} · {' '.join(entry['text'].split())}", 100), value=entry["id"])
+            for entry in entries
+            if wanted in entry["text"].casefold() or wanted == str(entry["id"])
+        ][:25]
+
+    @lore.command(name="add", description="Add an always-on lore entry: a rule or fact in every prompt (opens a form)")
+    @app_commands.describe(text="The entry; leave empty to write it in a form")
+    async def lore_add(
+        self, interaction: discord.Interaction, text: app_commands.Range[str, 1, LORE_MAX_CHARS] | None = None
+    ) -> None:
+        guild_id = self.guild_id(interaction)
+        pipeline = pipeline_of(interaction)
+        if len(await pipeline.lore(guild_id)) >= MAX_LORE_ENTRIES:
+            raise Refused(f"a server can have at most {MAX_LORE_ENTRIES} lore entries; remove one first")
+
+        async def save(submitted: discord.Interaction, body: str, _: str | None) -> None:
+            try:
+                cleaned = clean_text(body, LORE_MAX_CHARS)
+            except ValueError as exc:
+                raise Refused(str(exc)) from None
+            entry = await pipeline.add_lore(guild_id, cleaned, by=submitted.user.id)
+            await reply(submitted, f"Added lore entry #{entry['id']}. It is in every prompt from now on (it never decays).")
+
+        if text is not None:
+            await save(interaction, text, None)
+            return
+        modal = TextModal("New lore entry", save, label="Lore (in every prompt)", max_length=LORE_MAX_CHARS)
+        await interaction.response.send_modal(modal)
+
+    @lore.command(name="list", description="The always-on lore entries")
+    async def lore_list(self, interaction: discord.Interaction) -> None:
+        entries = await pipeline_of(interaction).lore(self.guild_id(interaction))
+        if not entries:
+            await reply(interaction, "No lore entries yet. Add one with `/settings lore add`.")
+            return
+        from bot.memory.manage import count_tokens
+
+        embed = discord.Embed(title="Always-on lore", colour=COLOUR)
+        for entry in entries:
+            embed.add_field(name=f"#{entry['id']}", value=clip(entry["text"], 1000), inline=False)
+        embed.set_footer(text=f"~{sum(count_tokens(entry['text']) for entry in entries)} tokens in every prompt")
+        await reply(interaction, embed=embed)
+
+    @lore.command(name="remove", description="Remove an always-on lore entry")
+    @app_commands.describe(entry="The entry to remove: start typing its text")
+    @app_commands.autocomplete(entry=lore_autocomplete)
+    async def lore_remove(self, interaction: discord.Interaction, entry: int) -> None:
+        if not await pipeline_of(interaction).remove_lore(self.guild_id(interaction), entry):
+            raise Refused(f"there is no lore entry #{entry} in this server")
+        await reply(interaction, sentence(f"removed lore entry #{entry}"))
+
+
+async def setup(bot: commands.Bot) -> None:
+    await bot.add_cog(Settings(bot))

@@ -1,0 +1,135 @@
+"""Test doubles shared by test files: a local OpenAI-compatible chat server.
+
+`FakeChatServer` is a real HTTP server (aiohttp on 127.0.0.1, a free port) that the real `openai`
+client talks to. It records every request body and answers from a script: text, tool calls, an
+HTTP error, a stall (for timeouts) or raw bytes. With the script empty it answers `default_text`.
+
+    async with FakeChatServer() as chat:
+        chat.tool_calls(("save_memory", {"text": "Juno likes tea", "list": "personal"}))
+        chat.text("Noted!")
+        settings = Settings(chat_base_url=chat.base_url, chat_model="fake", ...)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class ScriptStep:
+    kind: str  # "text" | "tools" | "error" | "stall" | "raw"
+    text: str = ""
+    calls: list[tuple[str, str]] = field(default_factory=list)  # (tool name, raw JSON arguments)
+    status: int = 200
+    seconds: float = 0.0
+
+
+class FakeChatServer:
+    def __init__(self, default_text: str = "ok") -> None:
+        self.default_text = default_text
+        self.requests: list[dict[str, Any]] = []
+        self.script: deque[ScriptStep] = deque()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._ids = itertools.count(1)
+        self._closing = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # --- scripting ---
+
+    def text(self, text: str) -> FakeChatServer:
+        self.script.append(ScriptStep("text", text=text))
+        return self
+
+    def tool_calls(self, *calls: tuple[str, dict[str, Any] | str], text: str = "") -> FakeChatServer:
+        """Answer with tool calls; a str argument is sent as is (to test malformed JSON)."""
+        raw = [(name, args if isinstance(args, str) else json.dumps(args)) for name, args in calls]
+        self.script.append(ScriptStep("tools", text=text, calls=raw))
+        return self
+
+    def error(self, status: int = 500, message: str = "the model is on fire") -> FakeChatServer:
+        self.script.append(ScriptStep("error", text=message, status=status))
+        return self
+
+    def stall(self, seconds: float, then_text: str = "too late") -> FakeChatServer:
+        self.script.append(ScriptStep("stall", text=then_text, seconds=seconds))
+        return self
+
+    def raw(self, body: str, status: int = 200) -> FakeChatServer:
+        self.script.append(ScriptStep("raw", text=body, status=status))
+        return self
+
+    # --- inspection ---
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def messages(self, index: int = -1) -> list[dict[str, Any]]:
+        return self.requests[index]["messages"]
+
+    def tool_results(self, index: int = -1) -> list[dict[str, Any]]:
+        """The decoded `tool` messages of a request (what the pipeline told the model about its calls)."""
+        return [json.loads(m["content"]) for m in self.messages(index) if m["role"] == "tool"]
+
+    # --- server ---
+
+    async def __aenter__(self) -> FakeChatServer:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._closing.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        step = self.script.popleft() if self.script else ScriptStep("text", text=self.default_text)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if step.kind == "stall":
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), step.seconds)
+            else:
+                await asyncio.sleep(0.01)  # long enough for overlapping requests to show up in max_in_flight
+        finally:
+            self.in_flight -= 1
+        if step.kind == "error":
+            return web.json_response({"error": {"message": step.text, "type": "server_error"}}, status=step.status)
+        if step.kind == "raw":
+            return web.Response(text=step.text, status=step.status, content_type="application/json")
+        message: dict[str, Any] = {"role": "assistant", "content": step.text or None}
+        if step.kind == "tools":
+            message["tool_calls"] = [
+                {"id": f"call_{next(self._ids)}", "type": "function", "function": {"name": name, "arguments": arguments}}
+                for name, arguments in step.calls
+            ]
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{next(self._ids)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "fake"),
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if step.kind == "tools" else "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
