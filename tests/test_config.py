@@ -80,3 +80,16 @@ def test_the_cli_reports_a_bad_setting_without_a_traceback(tmp_path: Path) -> No
     )
     assert result.returncode != 0
     assert "MAX_USED must be a whole number" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_every_setting_is_documented_in_readme_and_env_example() -> None:
+    import re
+
+    source = (ROOT / "bot" / "config.py").read_text()
+    names = set(re.findall(r'\(merged, "([A-Z_]+)"', source))
+    assert len(names) >= 25
+    readme = (ROOT / "README.md").read_text()
+    example = (ROOT / ".env.example").read_text()
+    missing_readme = sorted(name for name in names if f"`{name}`" not in readme)
+    missing_example = sorted(name for name in names if not re.search(rf"^#? ?{name}=", example, re.MULTILINE))
+    assert missing_readme == [] and missing_example == []

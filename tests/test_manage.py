@@ -244,6 +244,7 @@ async def test_import_drops_unknown_channels_and_personal_scopes(make_core) -> N
     assert result.added == 2
     memories = {m.text: m for m in await mgr.core.all_memories()}
     assert memories["g"].is_global and memories["p"].persona_id == personal.persona_id and memories["p"].owner_id == JUNO
+    assert memories["g"].protected and not memories["p"].protected  # Global memories are always protected (SPEC §1)
     with pytest.raises(ManageError, match="personal lists"):
         more = export_doc({"text": "another global", "scope": "global"}, list_="personal")
         await mgr.import_memories(personal, mgr.parse_import(personal, more), mode=ImportMode.MERGE, by=JUNO)

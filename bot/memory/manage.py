@@ -605,7 +605,7 @@ class MemoryManager:
 
         Merge skips texts the list already has. Replace first deletes the list (for personal lists:
         the Global memories and those tied to this persona). Imported memories start fresh: source
-        `import`, unprotected, counter 0. A result over the list limit is refused, never trimmed.
+        `import`, counter 0, unprotected unless Global (SPEC §1). A result over the list limit is refused, never trimmed.
         """
         if plan.list != ref.list:
             raise ManageError("the file was checked for another list; upload it again")

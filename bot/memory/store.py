@@ -826,7 +826,7 @@ async def insert_imported(
     now: datetime,
     today: date,
 ) -> list[int]:
-    """Insert many imported memories in one statement (source `import`, unprotected, counter 0).
+    """Insert many imported memories in one statement (source `import`, counter 0; only Global ones protected).
 
     Each entry: text, tags, channel_ids, persona_id (None = Global). Returns ids in entry order.
     """
@@ -843,7 +843,8 @@ async def insert_imported(
     rows = await conn.fetch(
         "INSERT INTO memories (list, guild_id, owner_id, persona_id, text, tags, channel_ids, source, protected,"
         " days_unused, last_aged_on, created_by, created_at, updated_at)"
-        " SELECT $2, $3, $4, x.persona_id, x.text, x.tags, x.channel_ids, 'import', false, 0, $5, $6, $7, $7"
+        " SELECT $2, $3, $4, x.persona_id, x.text, x.tags, x.channel_ids, 'import', $2 = 'personal' AND x.persona_id IS NULL,"
+        " 0, $5, $6, $7, $7"
         " FROM jsonb_to_recordset($1::jsonb) AS x (ord int, text text, tags text[], channel_ids bigint[], persona_id bigint)"
         " ORDER BY x.ord RETURNING id",
         json.dumps(payload),
