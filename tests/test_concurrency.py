@@ -35,13 +35,20 @@ FACTS = [
     "The book club is reading Dune this month",
 ]
 CAT = "Juno's cat is called Mochi"
+TOPICS = [CAT, *FACTS, "Bau prefers green tea over coffee", "The server runs a chess ladder every month"]
+QUESTIONS = [
+    "how is Juno's cat Mochi?", "which Minecraft version do we run?", "when is movie night?", "what is the mascot?",
+    "what are the rules for new members?", "which book is the club reading?", "tea or coffee?", "who leads the chess ladder?",
+]
 
 
-async def two_cores(db_url: str, builtin_embedder: object, clock: ManualClock, **overrides: object) -> list[MemoryCore]:
+async def two_cores(
+    db_url: str, builtin_embedder: object, clock: ManualClock, pool_size: int = 8, **overrides: object
+) -> list[MemoryCore]:
     settings = Settings().with_overrides(**overrides)
     cores = []
     for _ in range(2):
-        pool = await create_pool(db_url, max_size=8)
+        pool = await create_pool(db_url, max_size=pool_size)
         cores.append(MemoryCore(pool, DeadlineEmbedder(builtin_embedder, 60.0), settings, clock))  # type: ignore[arg-type]
     return cores
 
@@ -153,3 +160,35 @@ async def test_concurrent_start_ups_apply_migrations_once(pg_server_url: str) ->
             await connection.close()
     finally:
         await drop_database(pg_server_url, name)
+
+
+async def test_first_replies_of_a_day_in_one_busy_server_never_deadlock(db_url: str, builtin_embedder: object) -> None:
+    """Many first-of-day replies in one server age overlapping rows at once: none may fail."""
+    clock = ManualClock()
+    clock.set_date(date(2026, 4, 1))
+    cores = await two_cores(db_url, builtin_embedder, clock, pool_size=20)
+    try:
+        for index in range(60):
+            text = f"{TOPICS[index % len(TOPICS)]} (note {index})"
+            await cores[0].save(NewMemory(MemoryList.SERVER, text, by=1, guild_id=GUILD))
+        for user in USERS:
+            for index in range(8):
+                await cores[1].save(NewMemory(MemoryList.PERSONAL, f"User {user} fact {index}", by=user, guild_id=GUILD,
+                                              owner_id=user))
+        rng = random.Random(3)
+        for day in (2, 3):
+            clock.set_date(date(2026, 4, day))
+            replies = [
+                cores[index % 2].reply_search(
+                    Conversation(GUILD, CHANNEL, rng.choice(USERS), rng.choice(QUESTIONS),
+                                 participant_ids=tuple(rng.sample(USERS, 3)))
+                )
+                for index in range(300)
+            ]
+            results = await asyncio.gather(*replies, return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            assert failures == []
+            memories = await cores[0].all_memories()
+            assert {m.days_unused for m in memories if m.list == MemoryList.SERVER} <= {0, day - 1}
+    finally:
+        await close(cores)
