@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench soak clean
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,17 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# Benchmarks of issue 5 (BENCHMARKS.md): `make bench`, or `make bench QUICK=1` for a laptop.
+bench: $(STAMP)
+	$(PY) -m bench $(if $(QUICK),--quick,)
+
+# Full-size reliability runs of issue 6 (RELIABILITY.md): the load test with 4 workers (2 of them OS
+# processes) over 11 simulated days, and the bad-input fuzzing with many more examples. Takes minutes;
+# the figures go to data/soak-report.json.
+soak: $(STAMP)
+	mkdir -p data
+	DESKMATE_SOAK=1 DESKMATE_LOAD_REPORT=data/soak-report.json $(PY) -m pytest -q -s tests/test_load.py tests/test_bad_input.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

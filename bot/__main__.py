@@ -1,4 +1,4 @@
-"""Command line: `python -m bot [run|console|simulate FILE|calibrate [--file FILE]|commands [--markdown]]`.
+"""Command line: `python -m bot [run|console|simulate FILE|check|reembed|calibrate [--file FILE]|commands [--markdown]]`.
 
 Every failure a user can cause (bad settings, an unreachable database, a broken scenario file)
 ends with one clear sentence on stderr and a non-zero exit status, never a traceback.
@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from bot.config import ConfigError, Settings, load_settings
 from bot.db import DatabaseError
+from bot.redact import install as install_redaction
+from bot.redact import redact
 
 EXIT_USAGE = 2
 
@@ -27,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     simulate = commands.add_parser("simulate", help="replay a JSONL scenario through the memory core")
     simulate.add_argument("file", help="scenario file (JSON Lines, see shared/scenarios/FORMAT.md or the README)")
     commands.add_parser("check", help="verify limits and counters of every stored memory (exit 1 on problems)")
+    commands.add_parser("reembed", help="embed every memory, chat chunk and document passage with the current model (resumable)")
     calibrate = commands.add_parser("calibrate", help="measure which MIN_SIMILARITY suits the configured embedder")
     calibrate.add_argument("--file", help="labelled pairs (JSON Lines) [default: tests/data/calibration.jsonl]")
     tree = commands.add_parser("commands", help="print the slash-command tree as JSON (no connection needed)")
@@ -44,7 +47,7 @@ def _commands(as_markdown: bool) -> int:
 
 
 def _fail(message: str, status: int = 1) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {redact(message)}", file=sys.stderr)
     return status
 
 
@@ -77,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
     except ConfigError as exc:
         return _fail(f"invalid setting: {exc}")
+    install_redaction(settings)  # before any log line: secrets never reach a log, whoever writes it
     use_discord = args.command in (None, "run") and bool(settings.discord_token)
     if use_discord:  # discord.py's own colourful format, for the bot and its libraries alike
         import discord
@@ -95,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bot.check import run_check
 
             return asyncio.run(run_check(settings))
+        if args.command == "reembed":
+            from bot.reembed import main as reembed
+
+            return reembed(settings)
         if args.command == "calibrate":
             from bot.memory.calibration import run_cli
 

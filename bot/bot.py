@@ -23,10 +23,15 @@ from discord.ext import commands
 
 from bot.config import Settings
 from bot.db import Database
+from bot.memory.documents import DocumentLibrary
 from bot.memory.embeddings import BuiltinEmbedder, create_embedder
+from bot.memory.history import HistoryIndex
 from bot.memory.manage import MemoryManager
 from bot.memory.recall import MemoryCore
+from bot.memory.upkeep import Upkeep
 from bot.pipeline import ReplyPipeline
+from bot.redact import install as install_redaction
+from bot.tail_sources import install as install_tail_sources
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +45,7 @@ INVITE_PERMISSIONS = discord.Permissions(
     attach_files=True,
     read_message_history=True,
 )
-EXTENSIONS = ("cogs.memories", "cogs.personal", "cogs.settings", "cogs.privacy", "cogs.chat")
+EXTENSIONS = ("cogs.memories", "cogs.personal", "cogs.settings", "cogs.privacy", "cogs.chat", "cogs.documents")
 
 
 def deskmate_intents() -> discord.Intents:
@@ -56,6 +61,23 @@ def deskmate_intents() -> discord.Intents:
 def invite_url(application_id: int) -> str:
     """The link that adds the bot to a server with the permissions it needs and its slash commands."""
     return discord.utils.oauth_url(application_id, permissions=INVITE_PERMISSIONS, scopes=("bot", "applications.commands"))
+
+
+MAX_RATELIMIT_WAIT_S = 30.0  # the smallest value discord.py accepts
+
+
+def shard_options(settings: Settings) -> dict[str, Any]:
+    """AutoShardedBot's shard_count/shard_ids from SHARD_COUNT/SHARD_IDS (unset: Discord's recommendation, all here).
+
+    Several processes split one bot by giving each the same SHARD_COUNT and its own SHARD_IDS; they
+    share the database, whose locks keep the memory rules exact across processes.
+    """
+    options: dict[str, Any] = {}
+    if settings.shard_count is not None:
+        options["shard_count"] = settings.shard_count
+        if settings.shard_ids is not None:
+            options["shard_ids"] = list(settings.shard_ids)
+    return options
 
 
 class DeskmateTree(app_commands.CommandTree):
@@ -81,6 +103,10 @@ class DeskmateBot(commands.AutoShardedBot):
         **options: Any,
     ) -> None:
         options.setdefault("intents", deskmate_intents())
+        for key, value in shard_options(settings).items():
+            options.setdefault(key, value)
+        # A 429 asking to wait longer than this fails that one request (logged) instead of stalling its handler.
+        options.setdefault("max_ratelimit_timeout", MAX_RATELIMIT_WAIT_S)
         # Deskmate never joins voice: skip discord.py's warnings about the optional voice libraries.
         discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
         super().__init__(
@@ -101,6 +127,10 @@ class DeskmateBot(commands.AutoShardedBot):
         self.sync_commands = sync_commands
         self._stop_background: asyncio.Event | None = None
         self._background: list[asyncio.Task[None]] = []
+        # issue 4: chat-history recall, documents, and the vectors of everything searchable
+        self.history: HistoryIndex | None = None
+        self.documents: DocumentLibrary | None = None
+        self.upkeep: Upkeep | None = None
 
     # --- start-up -------------------------------------------------------------------------------
 
@@ -120,6 +150,11 @@ class DeskmateBot(commands.AutoShardedBot):
         if self.pipeline is None:
             self.pipeline = ReplyPipeline(self.core, settings)
             await self.pipeline.start()
+        if self.upkeep is None:
+            self.history = HistoryIndex(self.core)
+            self.documents = DocumentLibrary(self.core)
+            self.upkeep = Upkeep(self.core, self.history)
+            install_tail_sources(self.pipeline.tail_sources, self.history, self.documents)
         if self.user is not None:
             self.pipeline.bot_user_id = self.user.id
 
@@ -146,7 +181,8 @@ class DeskmateBot(commands.AutoShardedBot):
             await self.sync_tree()
         assert self.core is not None
         self._stop_background = asyncio.Event()
-        self._background.append(asyncio.create_task(self.core.run_reembedder(self._stop_background), name="reembedder"))
+        assert self.upkeep is not None  # chunks history and keeps every vector in the current embedding space
+        self._background.append(asyncio.create_task(self.upkeep.run(self._stop_background), name="upkeep"))
         self._background.append(asyncio.create_task(self._heartbeat(self._stop_background), name="heartbeat"))
 
     async def _touch_heartbeat(self) -> None:
@@ -169,6 +205,8 @@ class DeskmateBot(commands.AutoShardedBot):
         await self._touch_heartbeat()
         assert self.user is not None
         log.info("Connected as %s (id %s) in %d servers", self.user, self.user.id, len(self.guilds))
+        if self.shard_count is not None:
+            log.info("Running shards %s of %d", ", ".join(map(str, self.shard_ids or range(self.shard_count))), self.shard_count)
         log.info("Invite link: %s", invite_url(self.application_id or self.user.id))
 
     async def on_message(self, message: discord.Message, /) -> None:
@@ -201,6 +239,7 @@ class StartupError(RuntimeError):
 
 async def run_bot(settings: Settings, *, bot: DeskmateBot | None = None) -> int:
     """Run until SIGINT/SIGTERM or a fatal error, then shut down cleanly. Returns the exit status."""
+    install_redaction(settings)
     bot = bot or DeskmateBot(settings)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

@@ -29,11 +29,16 @@ from typing import TextIO
 from bot.config import Settings
 from bot.db import Database
 from bot.memory import store
+from bot.memory.chart import buckets, days_unused_chart
+from bot.memory.documents import DocumentError, DocumentLibrary, describe_size
 from bot.memory.embeddings import BuiltinEmbedder, create_embedder
+from bot.memory.history import HistoryIndex
 from bot.memory.manage import ListRef, ManageError, MemoryManager, Scope, looks_like_instruction
 from bot.memory.models import Privacy, SaveResult
 from bot.memory.recall import ManualClock, MemoryCore
+from bot.memory.upkeep import Upkeep
 from bot.pipeline import IncomingMessage, Receipt, ReplyPipeline, ReplyStatus, UserRef, chat_configured
+from bot.tail_sources import install as install_tail_sources
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +53,9 @@ HELP = """Type a message to talk to the bot (as if you @mentioned it). Commands:
   /settings [KEY VALUE]  show or change server settings (notices, verbosity, self-teaching, member-teaching,
                        personal-memories, tagging: on/off; auto-reply on/off for this channel; log-channel NAME)
   /block NAME, /unblock NAME                            /persona [name TEXT | prompt TEXT]
-  /lore [add TEXT | remove ID]                          /receipt        why the last reply used what it used
+  /lore [add TEXT | remove ID]                          /receipt, /why  why the last reply used what it used
+  /documents [add PATH | delete ID]  documents of the local server     /history [on|off]  this channel's chat history
+  /stats [mine]        the memory viewer (writes a chart to DATA_DIR)   /rebuild        embed everything now, with progress
   /who                 where you are                    /help, /quit"""
 
 LOCAL_GUILD_ID = 1
@@ -90,6 +97,9 @@ class ConsoleChat:
     in_dm: bool = False
     persona_name: str = "Deskmate"
     _last_message_id: int = field(default=0, repr=False)
+    history: HistoryIndex | None = None
+    documents: DocumentLibrary | None = None
+    upkeep: Upkeep | None = None
 
     # --- where we are ---
 
@@ -204,6 +214,8 @@ class ConsoleChat:
             prefix = {"channel": "", "hidden": "(hidden notice) ", "log": "[#log] "}[outcome.notices.destination]
             for notice in outcome.notices.lines:
                 self.show(f"  {prefix}{notice}")
+        self.show("  receipt: " + outcome.receipt.render().replace("\n", "\n           "))
+        self.core.vectors_wanted.set()  # the background pass chunks what left the context window
 
     # --- where and who ---
 
@@ -432,7 +444,90 @@ class ConsoleChat:
         if receipt is None:
             self.show("no reply in this channel yet")
             return
-        self.show(Receipt(**receipt).render())
+        self.show(Receipt.from_dict(receipt).render())
+
+    async def cmd_why(self, rest: str) -> None:
+        await self.cmd_receipt(rest)
+
+    # --- issue 4: documents, chat history, the memory viewer, rebuild ---
+
+    async def cmd_documents(self, rest: str) -> None:
+        if self.documents is None:
+            raise CommandError("documents are not available in this session")
+        if self.guild_id is None:
+            raise CommandError("documents belong to a server; /channel NAME goes back to one")
+        action, _, value = rest.partition(" ")
+        if action == "add":
+            path = Path(value.strip())
+            try:
+                raw = await asyncio.to_thread(path.read_bytes)
+            except OSError as exc:
+                raise CommandError(f"cannot read {path}: {exc.strerror}") from None
+            try:
+                added = await self.documents.add(self.guild_id, path.name, raw, by=self.user_id)
+            except DocumentError as exc:
+                raise CommandError(str(exc)) from None
+            verb = "replaced" if added.replaced else "added"
+            self.show(f"{verb} document #{added.id} {added.name}: {added.passages} passages, {added.embedded} embedded")
+        elif action == "delete":
+            document_id = self._memory_id(value.strip(), "/documents delete ID")
+            try:
+                self.show(f"deleted document #{document_id} {await self.documents.delete(self.guild_id, document_id)}")
+            except DocumentError as exc:
+                raise CommandError(str(exc)) from None
+        elif action:
+            raise CommandError("/documents [add PATH | delete ID]")
+        else:
+            found = await self.documents.list(self.guild_id)
+            self.show("documents: " + ("none (add one with /documents add PATH)" if not found else ""))
+            for doc in found:
+                size = describe_size(doc.size_bytes)
+                self.show(f"  #{doc.id} {doc.name}: {size}, {doc.passages} passages, {doc.embedded} embedded")
+
+    async def cmd_history(self, rest: str) -> None:
+        if self.history is None:
+            raise CommandError("chat history is not available in this session")
+        if rest:
+            if rest.lower() not in SWITCH:
+                raise CommandError("/history [on|off] (for the current channel)")
+            await self.history.set_recall(self.channel_id, self.guild_id, SWITCH[rest.lower()])
+        enabled = await self.history.recall_enabled(self.channel_id)
+        overview = await self.history.overview(self.channel_id)
+        self.show(
+            f"history recall {'on' if enabled else 'off (messages are still stored and chunked)'} here; "
+            f"{overview['chunks']} chunks ({overview['embedded']} embedded), {overview['unchunked']} messages in no chunk yet "
+            f"(the last {self.pipeline.settings.context_messages} are the context window and are never chunked)"
+        )
+
+    async def cmd_stats(self, rest: str) -> None:
+        if rest not in ("", "mine"):
+            raise CommandError("/stats [mine]")
+        ref = await self.manager.personal_list(self.user_id, self.guild_id) if rest else await self._server_list()
+        stats = await self.manager.stats(ref, embedding_problem=self.upkeep.last_error if self.upkeep else None)
+        self.show(
+            f"{ref.label}: {stats.total} of {stats.limit}; desk {stats.desk}, drawer {stats.drawer}, "
+            f"waiting for vector {stats.waiting}, embedding unavailable {stats.unavailable}; "
+            f"~{stats.desk_tokens} tokens on the desk"
+        )
+        if stats.unavailable_reason:
+            self.show(f"  no vector can be made now: {stats.unavailable_reason}")
+        for bucket in buckets(stats.days, stats.dormant_after, stats.decay):
+            where = "drawer" if bucket.drawer else "desk"
+            self.show(f"  {bucket.label:>7} days unused | {'#' * bucket.count} {bucket.count} ({where})")
+        if stats.total:
+            chart = self.state_file.parent / "days-unused.png"
+            chart.parent.mkdir(parents=True, exist_ok=True)
+            chart.write_bytes(days_unused_chart(stats.days, stats.dormant_after, decay=stats.decay, title=ref.label))
+            self.show(f"  chart: {chart}")
+
+    async def cmd_rebuild(self, rest: str) -> None:
+        if self.upkeep is None:
+            raise CommandError("rebuilding is not available in this session")
+        state = await self.upkeep.rebuild()
+        verdict = f"paused: {state.paused}" if state.paused else "done"
+        self.show(
+            f"rebuild {verdict}: {state.summary()}; {state.chunks_made} new chunks; {state.stale_removed} old vectors removed"
+        )
 
     def _name(self, raw: str, usage: str) -> str:
         name = raw.strip().lstrip("@")
@@ -479,11 +574,16 @@ async def run_console(
             await asyncio.to_thread(builtin.warm_up)
         clock = ManualClock()
         core = MemoryCore(database.pool, create_embedder(settings, builtin), settings, clock)
-        reembedder = asyncio.create_task(core.run_reembedder(stop))
+        history = HistoryIndex(core)
+        documents = DocumentLibrary(core)
+        upkeep = Upkeep(core, history)
+        reembedder = asyncio.create_task(upkeep.run(stop))  # history chunks and every vector, in the background
         pipeline = ReplyPipeline(core, settings, bot_user_id=BOT_USER_ID)
+        install_tail_sources(pipeline.tail_sources, history, documents)
         await pipeline.start()
         state_file = settings.data_dir / "console.json"
         console = ConsoleChat(pipeline, MemoryManager(core), clock, out, state_file, _read_day_offset(state_file))
+        console.history, console.documents, console.upkeep = history, documents, upkeep
         console.tick()
         await console.refresh_persona()
         interactive = stdin.isatty()

@@ -19,6 +19,7 @@ and are reported; nothing else changes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -51,10 +52,12 @@ from bot.prompt import (
     recalled_item,
     user_label,
 )
+from bot.redact import redact
 
 log = logging.getLogger(__name__)
 
 APOLOGY = "Sorry, I can't answer right now: my language model did not respond. Please try again in a moment."
+EMPTY_ANSWER = "Sorry, my language model came back with an empty answer. Please try again, or put it another way."
 TOO_LARGE = "Sorry, I can't answer: my instructions alone no longer fit in my context window. An admin needs to shorten them."
 NAME_CHARS = re.compile(r"\w", re.UNICODE)
 
@@ -163,11 +166,31 @@ class IncomingMessage:
         return self.parent_channel_id or self.channel_id
 
 
-TailSource = Callable[[IncomingMessage, Recall], Awaitable[Sequence[TailItem]]]
+HISTORY_KIND = "recalled_chat_history"
+DOCUMENT_KIND = "document_passage"
+TAIL_PARTS = {"recalled_memory": "recalled_memories", HISTORY_KIND: "chat_history", DOCUMENT_KIND: "documents"}
+
+
+@dataclass
+class TailReport:
+    """What a tail source adds, with what the receipt should say about it (issue 4).
+
+    `section` names the source in the receipt ("history", "documents"); `note` says why it added
+    nothing (None when it added something); `detail` is any small JSON-able extra for the receipt.
+    """
+
+    section: str
+    items: list[TailItem]
+    note: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+TailSource = Callable[[IncomingMessage, Recall], Awaitable[Sequence[TailItem] | TailReport]]
 """Something that adds items near the end of the prompt (document hits, recalled chat history: issue 4).
 
 It gets the message and the core's `Recall`, whose `query_vector` is the reply's one embedding (None when
 the search failed); it must not embed the message again. Items are ranked by `score` against the budgets.
+It returns the items, or a `TailReport` with them and what the receipt should say.
 """
 
 
@@ -251,9 +274,22 @@ class Receipt:
     changes: list[dict[str, object]] = field(default_factory=list)
     error: str | None = None
     elapsed_ms: int = 0
+    # --- issue 4: why each memory was there, history chunks, document passages, tokens per tail part ---
+    desk_detail: list[dict[str, Any]] = field(default_factory=list)  # id, list, days_unused, about (owner), matched
+    history: list[dict[str, Any]] = field(default_factory=list)  # chunks in the prompt: chunk_id, similarity, tokens, cut, when
+    documents: list[dict[str, Any]] = field(default_factory=list)  # passages in the prompt: document, section, similarity, ...
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)  # per tail source: note (why nothing), detail
+    tail_tokens: dict[str, int] = field(default_factory=dict)  # tail tokens per kind
+    nothing_added_because: str | None = None  # nothing recalled at all (memories, history, documents): why
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Receipt:
+        """A stored receipt (jsonb), ignoring fields this version does not know; older ones lack the newer fields."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
 
     def render(self) -> str:
         """A few plain lines for people (console, a receipt command)."""
@@ -264,9 +300,18 @@ class Receipt:
             lines.append(f"recalled from the drawer: {shown}")
         else:
             lines.append(f"recalled: nothing ({self.nothing_recalled_because})")
+        for name, section, items in (("chat history", "history", self.history), ("documents", "documents", self.documents)):
+            if items:
+                lines.append(f"{name}: " + ", ".join(tail_item_label(item) for item in items))
+            elif (self.sources.get(section) or {}).get("note"):
+                lines.append(f"{name}: nothing ({self.sources[section]['note']})")
+        if self.nothing_added_because:
+            lines.append(f"nothing was recalled for this reply: {self.nothing_added_because}")
         if self.dropped:
             lines.append("left out: " + ", ".join(f"{item['key']} ({item['reason']})" for item in self.dropped))
         parts = token_parts(self.tokens)
+        if self.tail_tokens:
+            parts += " [near the end: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in self.tail_tokens.items()) + "]"
         lines.append(f"tokens: {self.tokens['total']} in total ({parts})")
         if self.head_same_as_previous is not None:
             lines.append(
@@ -472,20 +517,32 @@ class ReplyPipeline:
             return sum([await self._record(conn, message) for message in messages])
 
     async def edit_message(self, channel_id: int, message_id: int, text: str, edited_at: datetime) -> bool:
-        async with self.core.pool.acquire() as conn:
-            return await store.edit_chat_message(conn, channel_id, message_id, text, edited_at)
+        """An edited message: the new text, and the history chunk it was part of goes (rebuilt in the background)."""
+        async with self.core.pool.acquire() as conn, conn.transaction():
+            return await store.edit_chat_message_rechunk(conn, channel_id, message_id, text, edited_at)
 
     async def delete_messages(self, channel_id: int, message_ids: Sequence[int]) -> int:
-        async with self.core.pool.acquire() as conn:
-            return await store.delete_chat_messages(conn, channel_id, message_ids)
+        """Deleted messages, and the history chunks they were part of (the rest is chunked anew in the background)."""
+        async with self.core.pool.acquire() as conn, conn.transaction():
+            return await store.delete_chat_messages_rechunk(conn, channel_id, message_ids)
 
     async def forget_channel(self, channel_id: int) -> int:
+        """A deleted channel or thread: its messages, receipts, history chunks and history-recall switch."""
         async with self.core.pool.acquire() as conn, conn.transaction():
-            return await store.delete_channel_chat(conn, channel_id)
+            deleted = await store.delete_channel_chat(conn, channel_id)
+            await store.delete_channel_history(conn, channel_id)
+            return deleted
+
+    async def forget_guild(self, guild_id: int) -> dict[str, int]:
+        """The bot left (or was removed from) a server: its stored messages, chunks and receipts go."""
+        async with self.core.pool.acquire() as conn, conn.transaction():
+            return await store.forget_guild_chat(conn, guild_id)
 
     async def forget_user_chat(self, user_id: int) -> int:
-        """Delete every stored message and the display name of a user (part of /privacy delete-my-data)."""
+        """Delete every stored message and the display name of a user (part of /privacy delete-my-data),
+        and every history chunk one of their messages was part of (the others' messages are chunked anew)."""
         async with self.core.pool.acquire() as conn, conn.transaction():
+            await store.delete_user_history(conn, user_id)
             return await store.delete_user_chat_data(conn, user_id)
 
     # --- triggers ---
@@ -551,6 +608,11 @@ class ReplyPipeline:
         async with self.core.pool.acquire() as conn:
             return await store.get_receipt(conn, message_id=message_id, channel_id=channel_id)
 
+    async def receipt_for(self, message_id: int) -> dict[str, Any] | None:
+        """The receipt of the reply to `message_id`, or of the reply that is message `message_id` (a copied link)."""
+        async with self.core.pool.acquire() as conn:
+            return await store.receipt_for_message(conn, message_id)
+
     # --- the reply ---
 
     async def reply(self, message: IncomingMessage) -> ReplyOutcome:
@@ -598,7 +660,8 @@ class ReplyPipeline:
         assert persona_row is not None
 
         tools = self._tools_for(guild)
-        tail = [recalled_item(scored, names) for scored in recall.recalled] + await self._extra_tail(message, recall)
+        extra_tail, tail_reports = await self._extra_tail(message, recall)
+        tail = [recalled_item(scored, names) for scored in recall.recalled] + extra_tail
         outcome_prompt: Prompt | None = None
         error: str | None = None
         try:
@@ -640,7 +703,11 @@ class ReplyPipeline:
                 changes=changes,
             )
             text, rounds, error = await self._converse(outcome_prompt, tools, context)
-            if error is not None:
+            if error is None and not text.strip():  # e.g. only tool calls, even after tool_choice "none": never silence
+                log.warning("Chat model %s answered message %s with no text", settings.chat_model, message.message_id)
+                error, chunks = "the chat model answered with no text", [EMPTY_ANSWER]
+                status = ReplyStatus.MODEL_ERROR
+            elif error is not None:
                 status, chunks = ReplyStatus.MODEL_ERROR, [APOLOGY]
             else:
                 status, chunks = ReplyStatus.REPLIED, split_message(neutralize_broadcasts(text))
@@ -654,7 +721,7 @@ class ReplyPipeline:
                 change.memory_list.value if change.memory_list else "?",
                 change.reason,
             )
-        receipt = self._receipt(message, recall, outcome_prompt, previous_head, status, rounds, changes, error)
+        receipt = self._receipt(message, recall, outcome_prompt, previous_head, status, rounds, changes, error, tail_reports)
         receipt.elapsed_ms = int((time.monotonic() - started) * 1000)
         if status == ReplyStatus.NO_MODEL:
             chunks = split_message(neutralize_mentions(self._dry_run_text(recall, receipt, names)))
@@ -680,15 +747,27 @@ class ReplyPipeline:
             error=error,
         )
 
-    async def _extra_tail(self, message: IncomingMessage, recall: Recall) -> list[TailItem]:
-        """Items from the registered tail sources; a failing source is logged and skipped, never the reply."""
+    async def _extra_tail(self, message: IncomingMessage, recall: Recall) -> tuple[list[TailItem], dict[str, dict[str, Any]]]:
+        """Items from the registered tail sources, and what each `TailReport` tells the receipt.
+
+        A failing source is logged and skipped (the receipt says so), never the reply.
+        """
         items: list[TailItem] = []
+        reports: dict[str, dict[str, Any]] = {}
         for source in self.tail_sources:
             try:
-                items.extend(await source(message, recall))
-            except Exception:
+                found = await source(message, recall)
+            except Exception as exc:
                 log.exception("Tail source %r failed for message %s", source, message.message_id)
-        return items
+                name = getattr(source, "section", getattr(source, "__name__", "source"))
+                reports[name] = {"note": f"failed: {type(exc).__name__}", "added": 0}
+                continue
+            if isinstance(found, TailReport):
+                items.extend(found.items)
+                reports[found.section] = {"note": found.note, "added": len(found.items), **found.detail}
+            else:
+                items.extend(found)
+        return items, reports
 
     def _chat_line(self, row: Any) -> ChatLine:
         return ChatLine(
@@ -758,7 +837,7 @@ class ReplyPipeline:
                     type(exc).__name__,
                     exc,
                 )
-                return "", rounds, f"{type(exc).__name__}: {exc}"
+                return "", rounds, redact(f"{type(exc).__name__}: {exc}")  # stored in the receipt: no API key in it
             calls = reply.tool_calls or []
             if not calls or not may_call:
                 return (reply.content or "").strip(), rounds, None
@@ -893,7 +972,12 @@ class ReplyPipeline:
     # --- notices, receipts, the dry run ---
 
     def _notices(self, changes: Sequence[MemoryChange], guild: GuildSettings | None, names: dict[int, str]) -> Notices | None:
-        """SPEC §6 notices. DMs show them in the conversation, verbosely: it is the reader's own data."""
+        """SPEC §6 notices. DMs show them in the conversation, verbosely: it is the reader's own data.
+
+        In a server, notices are seen by the whole channel (or the log channel's readers), so `verbose` shows the
+        text of server memories only: personal data is only ever shown ephemerally or in DMs (issue 6). A personal
+        notice still says what happened and about whom; its owner can read the text with /personal memories.
+        """
         if not changes:
             return None
         if guild is None:
@@ -903,7 +987,12 @@ class ReplyPipeline:
             log_channel, verbosity = guild.log_channel_id, guild.notice_verbosity
             if destination == "log" and log_channel is None:
                 destination = "hidden"
-        lines = tuple(neutralize_mentions(notice_line(change, verbosity, names)) for change in changes)
+        lines = tuple(
+            neutralize_mentions(
+                notice_line(change, verbosity if guild is None or change.memory_list == MemoryList.SERVER else "minimal", names)
+            )
+            for change in changes
+        )
         return Notices(destination=destination, log_channel_id=log_channel, verbosity=verbosity, lines=lines)
 
     def _receipt(
@@ -916,6 +1005,7 @@ class ReplyPipeline:
         rounds: int,
         changes: Sequence[MemoryChange],
         error: str | None,
+        sources: dict[str, dict[str, Any]] | None = None,
     ) -> Receipt:
         kept_tail = {item.memory_id for item in prompt.tail} if prompt else set()
         recalled = [
@@ -955,7 +1045,56 @@ class ReplyPipeline:
             model=self.settings.chat_model or None,
             changes=[change.as_dict() for change in changes],
             error=error,
+            **self._receipt_tail(recall, prompt, recalled, dict(sources or {})),
         )
+
+    def _receipt_tail(
+        self,
+        recall: Recall,
+        prompt: Prompt | None,
+        recalled: list[dict[str, float | int]],
+        sources: dict[str, dict[str, Any]],
+    ) -> dict[str, Any]:
+        """The issue-4 part of a receipt: why each desk memory was there, the chunks and passages that made it
+        into the prompt, tokens per tail part, and, when nothing at all was recalled, why."""
+        kept = list(prompt.tail) if prompt else []
+        in_prompt = set(prompt.desk_ids) if prompt else {m.id for m in recall.desk}
+        matched = {s.memory.id: round(s.similarity, 4) for s in recall.used}
+        desk_detail = [
+            {"id": m.id, "list": m.list.value, "days_unused": m.days_unused, "about": m.owner_id, "matched": matched.get(m.id)}
+            for m in recall.desk
+            if m.id in in_prompt
+        ]
+        history = [dict(item.meta or {}) for item in kept if item.kind == HISTORY_KIND]
+        documents = [dict(item.meta or {}) for item in kept if item.kind == DOCUMENT_KIND]
+        tail_tokens: dict[str, int] = {}
+        for item in kept:
+            part = TAIL_PARTS.get(item.kind, item.kind)
+            tail_tokens[part] = tail_tokens.get(part, 0) + count_tokens(item.text) + 1
+        for section, kind in (("history", HISTORY_KIND), ("documents", DOCUMENT_KIND)):
+            report = sources.get(section)
+            if report and report.get("added") and not any(item.kind == kind for item in kept):
+                report["note"] = "the context budget was full (CHAT_CONTEXT_TOKENS), so they were left out"
+        # the one-line answer to "why was nothing recalled?"; each part's own note says more
+        full = (["memories"] if recall.recalled else []) + [
+            name for name, report in sources.items() if "budget" in str(report.get("note") or "")
+        ]
+        if recalled or history or documents:
+            overall = None
+        elif not recall.search_ok:
+            overall = f"the search failed ({recall.failure})"
+        elif full:
+            overall = f"the budget was full ({', '.join(full)})"
+        else:
+            overall = "nothing relevant"
+        return {
+            "desk_detail": desk_detail,
+            "history": history,
+            "documents": documents,
+            "sources": sources,
+            "tail_tokens": tail_tokens,
+            "nothing_added_because": overall,
+        }
 
     def _dry_run_text(self, recall: Recall, receipt: Receipt, names: dict[int, str]) -> str:
         """What an unconfigured bot says: plainly that no model is set, and what it would have sent."""
@@ -976,9 +1115,23 @@ class ReplyPipeline:
             lines += [f"  #{m.id} (similarity {similarity[m.id]:.2f}) {m.text}" for m in recalled]
         else:
             lines.append(f"Recalled: nothing, because {receipt.nothing_recalled_because}.")
+        for title, items in (("Older chat of this channel", receipt.history), ("Document passages", receipt.documents)):
+            if items:
+                lines.append(f"{title}: " + ", ".join(tail_item_label(item) for item in items) + ".")
         parts = token_parts(receipt.tokens)
         lines.append(f"Tokens: {receipt.tokens['total']} ({parts}).")
         return "\n".join(lines)
+
+
+def tail_item_label(item: dict[str, Any]) -> str:
+    """A history chunk or document passage of a receipt, in a few words."""
+    if "chunk_id" in item:
+        what = f"chunk #{item['chunk_id']} ({item.get('when', '?')}, {item.get('messages', '?')} messages"
+    else:
+        section = f" › {item['section']}" if item.get("section") else ""
+        what = f"“{item.get('document', '?')}”{section} (passage #{item.get('passage_id')}"
+    cut = ", cut to fit" if item.get("cut") else ""
+    return f"{what}, similarity {item.get('similarity', 0):.2f}, {item.get('tokens', 0)} tokens{cut})"
 
 
 def token_parts(tokens: dict[str, int]) -> str:

@@ -74,9 +74,14 @@ def message_tokens(message: Mapping[str, Any]) -> int:
     return total
 
 
+# Line breaks json.dumps(ensure_ascii=False) leaves as they are (it escapes only those below U+0020), but
+# which split a line for str.splitlines and for readers of the prompt: NEL, LINE and PARAGRAPH SEPARATOR.
+_UNESCAPED_LINE_BREAKS = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def quoted(value: object) -> str:
-    """JSON text of `value`: quotes, backslashes and newlines escaped, so it stays on one line."""
-    return json.dumps(value, ensure_ascii=False)
+    """JSON text of `value`: quotes, backslashes and every kind of line break escaped, so it stays on one line."""
+    return json.dumps(value, ensure_ascii=False).translate(_UNESCAPED_LINE_BREAKS)
 
 
 # --- inputs -----------------------------------------------------------------------------------------
@@ -117,6 +122,7 @@ class TailItem:
     score: float
     is_memory: bool = False
     memory_id: int | None = None
+    meta: Mapping[str, Any] | None = field(default=None, compare=False)  # for receipts: what it is, why it came
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,15 @@ One bad message is logged and skipped; it never stops the listener.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 import discord
 from discord.ext import commands
 
+from bot.memory import store
 from bot.pipeline import IncomingMessage, Notices, ReplyOutcome, ReplyPipeline, ReplyStatus, UserRef
 
 log = logging.getLogger(__name__)
@@ -24,6 +28,44 @@ NO_MODEL_TEXT = (
     "CHAT_BASE_URL (or CHAT_API_KEY) and restart me."
 )
 NOTICE_MENTIONS = discord.AllowedMentions.none()
+# A send Discord refused: an HTTP error, or a 429 asking to wait longer than MAX_RATELIMIT_WAIT_S (not an HTTPException).
+SEND_ERRORS = (discord.HTTPException, discord.RateLimited)
+TYPING_REFRESH_S = 8.0  # Discord shows "is typing…" for 10 seconds after each request
+# What answering in a channel takes: see it, write in it (threads have their own permission), and read its
+# history (a reply references the message it answers, which Discord refuses without Read Message History).
+REPLY_PERMISSIONS = ("view_channel", "send_messages", "read_message_history")
+THREAD_REPLY_PERMISSIONS = ("view_channel", "send_messages_in_threads", "read_message_history")
+
+
+def permission_name(flag: str) -> str:
+    return flag.replace("_", " ").title().replace("In Threads", "in Threads")
+
+
+def missing_permissions(channel: discord.abc.Messageable) -> list[str]:
+    """The reply permissions the bot lacks in `channel` as far as the cache knows (may be empty when it cannot tell)."""
+    guild = getattr(channel, "guild", None)
+    me = guild.me if guild is not None else None
+    if me is None or not hasattr(channel, "permissions_for"):
+        return []
+    wanted = THREAD_REPLY_PERMISSIONS if isinstance(channel, discord.Thread) else REPLY_PERMISSIONS
+    have = channel.permissions_for(me)
+    return [permission_name(flag) for flag in wanted if not getattr(have, flag)]
+
+
+def missing_permission_report(channel: discord.abc.Messageable, error: discord.HTTPException) -> str:
+    """The one message an admin gets in the log channel when the bot cannot answer somewhere."""
+    place = getattr(channel, "mention", f"channel {getattr(channel, 'id', '?')}")
+    missing = missing_permissions(channel)
+    if missing:
+        needed = ", ".join(missing)
+        what = f"I'm missing {needed} there"
+    else:
+        needed = ", ".join(permission_name(flag) for flag in REPLY_PERMISSIONS)
+        what = f"Discord refused my message ({error.status}, code {error.code}: {error.text or 'Missing Permissions'})"
+    return (
+        f"⚠️ I can't answer in {place}: {what}. To let me answer there, give me {needed} in that channel "
+        "(or its category). I report this once; I'll report it again only if it happens after I could answer there."
+    )
 
 
 def message_text(message: discord.Message) -> str:
@@ -75,6 +117,8 @@ def replies_to(message: discord.Message, user_id: int) -> bool:
 class Chat(commands.Cog):
     def __init__(self, bot: commands.Bot) -> None:
         self.bot = bot
+        # Channels where sending was refused for lack of permissions, reported once until a send there works again.
+        self.refused_channels: set[int] = set()
 
     @property
     def pipeline(self) -> ReplyPipeline | None:
@@ -104,7 +148,7 @@ class Chat(commands.Cog):
         if trigger is None:
             return
         log.debug("Answering message %s (%s)", message.id, trigger.value)
-        async with message.channel.typing():
+        async with self.typing(message.channel):
             outcome = await pipeline.reply(incoming)
         await self.send_reply(message, outcome)
         await self.send_notices(message, outcome.notices)
@@ -132,10 +176,76 @@ class Chat(commands.Cog):
         for number, chunk in enumerate(chunks):
             if not chunk.strip():
                 continue
-            if number == 0:
-                await message.reply(chunk, allowed_mentions=ping_author, mention_author=True)
-            else:
-                await message.channel.send(chunk, allowed_mentions=ping_author)
+            try:
+                if number == 0:
+                    await message.reply(chunk, allowed_mentions=ping_author, mention_author=True)
+                else:
+                    await message.channel.send(chunk, allowed_mentions=ping_author)
+            except SEND_ERRORS as exc:  # the rest of this reply would fail the same way: stop here
+                await self.send_failed(message.channel, exc, f"reply to message {message.id}")
+                return
+        self.refused_channels.discard(message.channel.id)
+
+    @contextlib.asynccontextmanager
+    async def typing(self, channel: discord.abc.Messageable) -> AsyncIterator[None]:
+        """"is typing…" while the reply is prepared, from a side task: a typing request that fails or is
+        retried (discord.py retries 5xx answers for up to 25 s) never delays or stops the reply itself."""
+
+        async def keep_typing() -> None:
+            try:
+                while True:
+                    await channel.typing()
+                    await asyncio.sleep(TYPING_REFRESH_S)
+            except discord.HTTPException as exc:
+                log.debug("No typing indicator in channel %s: %s", getattr(channel, "id", "?"), exc)
+
+        task = asyncio.create_task(keep_typing(), name="typing")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def send_failed(self, channel: discord.abc.Messageable, error: discord.DiscordException, what: str) -> None:
+        """A send Discord refused, after discord.py's own bounded retries (429s within MAX_RATELIMIT_WAIT_S, 5xx
+        up to 5 tries): logged and never retried here. A missing permission in a server is also reported once
+        to the server's log channel, so an admin learns why the bot stays silent there."""
+        channel_id = getattr(channel, "id", 0)
+        guild = getattr(channel, "guild", None)
+        if not isinstance(error, discord.Forbidden) or guild is None:
+            log.warning("Could not %s in channel %s: %s", what, channel_id, error)
+            return
+        first = channel_id not in self.refused_channels
+        self.refused_channels.add(channel_id)
+        log.log(
+            logging.WARNING if first else logging.INFO,
+            "Could not %s in channel %s of server %s, missing permissions: %s",
+            what,
+            channel_id,
+            guild.id,
+            error,
+        )
+        if first:
+            await self.report_refusal(channel, guild, error)
+
+    async def report_refusal(self, channel: discord.abc.Messageable, guild: discord.Guild, error: discord.HTTPException) -> None:
+        pipeline = self.pipeline
+        if pipeline is None:
+            return
+        async with pipeline.core.pool.acquire() as conn:
+            settings = await store.get_guild_settings(conn, guild.id)
+        log_channel_id = settings.log_channel_id
+        if log_channel_id is None or log_channel_id == getattr(channel, "id", None):
+            return
+        target = self.bot.get_channel(log_channel_id)
+        if not isinstance(target, discord.abc.Messageable):
+            log.warning("Log channel %s of server %s is not reachable for a permission report", log_channel_id, guild.id)
+            return
+        try:
+            await target.send(missing_permission_report(channel, error), allowed_mentions=NOTICE_MENTIONS)
+        except discord.HTTPException as exc:
+            log.warning("Could not report missing permissions in log channel %s: %s", log_channel_id, exc)
 
     async def send_notices(self, message: discord.Message, notices: Notices | None) -> None:
         if notices is None or notices.destination == "hidden" or not notices.lines:
@@ -150,8 +260,8 @@ class Chat(commands.Cog):
         for chunk in notices.chunks:
             try:
                 await channel.send(chunk, allowed_mentions=NOTICE_MENTIONS, silent=True)
-            except discord.HTTPException as exc:
-                log.warning("Could not post a memory notice in %s: %s", getattr(channel, "id", "?"), exc)
+            except SEND_ERRORS as exc:
+                await self.send_failed(channel, exc, "post a memory notice")
                 return
 
     # --- keep the stored context window in step with Discord ---
@@ -188,6 +298,13 @@ class Chat(commands.Cog):
     async def on_raw_thread_delete(self, payload: discord.RawThreadDeleteEvent) -> None:
         if self.pipeline is not None:
             await self.pipeline.forget_channel(payload.thread_id)
+
+    @commands.Cog.listener()
+    async def on_guild_remove(self, guild: discord.Guild) -> None:
+        """Left or removed from a server: its stored messages and history chunks go (memories and documents stay)."""
+        if self.pipeline is not None:
+            counts = await self.pipeline.forget_guild(guild.id)
+            log.info("Left server %s: forgot %s", guild.id, counts)
 
 
 async def setup(bot: commands.Bot) -> None:

@@ -13,8 +13,10 @@ from discord.ext import commands
 
 from bot.memory.manage import ListRef
 from bot.memory.models import Memory
+from bot.pipeline import Receipt
 from cogs import memory_flows as flows
-from cogs.ui import Refused, can_manage
+from cogs.receipts import parse_message_ref, receipt_embed
+from cogs.ui import Refused, bot_of, can_manage, reply
 
 NEEDS_MANAGE = (
     "only members with Manage Server can {what} (or anyone, for their own memories, when the server turns member teaching on)"
@@ -138,6 +140,42 @@ class Memories(commands.GroupCog, group_name="memories", group_description="What
     @app_commands.command(name="stats", description="How many server memories are on the desk, in the drawer, and their size")
     async def stats(self, interaction: discord.Interaction) -> None:
         await flows.stats_flow(interaction, await self.ref(interaction), "Server memories")
+
+    @app_commands.command(name="why", description="Why a reply used the memories, chat and documents it used")
+    @app_commands.describe(message="Link or id of the bot's reply, or of the message it answered (default: latest reply here)")
+    async def why(self, interaction: discord.Interaction, message: app_commands.Range[str, 1, 200] | None = None) -> None:
+        """The receipt of the latest reply in this channel, or of the reply a link points to (ephemeral)."""
+        pipeline = getattr(bot_of(interaction), "pipeline", None)
+        if pipeline is None:
+            raise Refused("the bot is still starting; try again in a moment")
+        if message is None:
+            raw = await pipeline.receipt(channel_id=interaction.channel_id)
+            missing = "I have not replied in this channel yet (or its receipts were deleted)"
+        else:
+            ref = parse_message_ref(message)
+            if ref is None:
+                raise Refused("that is not a message link or id; use Copy Message Link on the bot's reply")
+            raw = await pipeline.receipt_for(ref[2])
+            missing = "I have no receipt for that message: it is not one of my replies, or it is too old"
+        if raw is None or raw.get("guild_id") != interaction.guild_id:  # never show another server's receipt
+            raise Refused(missing)
+        receipt = Receipt.from_dict(raw)
+        if receipt.channel_id != interaction.channel_id and not self.can_read(interaction, receipt.channel_id):
+            raise Refused("you cannot read the channel of that reply, so I cannot show its receipt")
+        ids = {*receipt.desk_ids, *(int(item["id"]) for item in receipt.recalled)}
+        memories = await flows.manager_of(interaction).memories_by_id(ids)
+        dormant_after = flows.manager_of(interaction).settings.dormant_after_days
+        await reply(interaction, embed=receipt_embed(receipt, memories, interaction.user.id, dormant_after))
+
+    @staticmethod
+    def can_read(interaction: discord.Interaction, channel_id: int) -> bool:
+        guild = interaction.guild
+        channel = guild.get_channel_or_thread(channel_id) if guild is not None else None
+        member = interaction.user
+        if channel is None or not isinstance(member, discord.Member):
+            return False
+        permissions = channel.permissions_for(member)
+        return permissions.view_channel and permissions.read_message_history
 
 
 async def setup(bot: commands.Bot) -> None:

@@ -7,12 +7,14 @@ the pre-checks here only avoid opening a modal for someone whose save would be r
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import discord
 from discord import app_commands
 
+from bot.memory.chart import days_unused_chart
 from bot.memory.manage import ImportMode, ImportPlan, ListRef, ListStats, ManageError, MemoryManager, Page, split_tags
 from bot.memory.models import Memory, MemoryList
 from cogs.ui import (
@@ -233,22 +235,43 @@ async def import_flow(
     )
 
 
+CHART_NAME = "days-unused.png"
+
+
+def fill_bar(used: int, limit: int, width: int = 12) -> str:
+    """`▰▰▰▱▱▱ 50%`: how full a list is against its limit, readable at a glance."""
+    share = min(used / limit, 1.0) if limit else 0.0
+    filled = round(share * width)
+    return "▰" * filled + "▱" * (width - filled) + f" {share:.0%}"
+
+
 def stats_embed(title: str, stats: ListStats) -> discord.Embed:
     embed = discord.Embed(title=title, colour=COLOUR)
-    embed.add_field(name="Memories", value=f"{stats.total} of {stats.limit}", inline=True)
+    embed.add_field(name="Memories", value=f"{stats.total} of {stats.limit}\n{fill_bar(stats.total, stats.limit)}", inline=True)
     embed.add_field(name="On the desk", value=str(stats.desk), inline=True)
     embed.add_field(name="In the drawer", value=str(stats.drawer), inline=True)
     embed.add_field(name="Waiting for a vector", value=str(stats.waiting), inline=True)
+    embed.add_field(name="Embedding unavailable", value=str(stats.unavailable), inline=True)
     embed.add_field(name="Protected", value=str(stats.protected), inline=True)
     embed.add_field(name="Tokens", value=f"~{stats.desk_tokens} on the desk, ~{stats.total_tokens} in all", inline=True)
+    if stats.unavailable_reason:
+        embed.add_field(name="Why no vector can be made now", value=clip(stats.unavailable_reason, 1000), inline=False)
     decay = "on" if stats.decay else "off (every memory stays on the desk)"
-    embed.set_footer(text=f"Embedding model: {stats.embedding} · decay {decay}")
+    embed.set_footer(text=f"Embedding model: {stats.embedding} · decay {decay} · drawer after {stats.dormant_after} chat days")
     return embed
 
 
 async def stats_flow(interaction: discord.Interaction, ref: ListRef, title: str) -> None:
-    stats = await manager_of(interaction).stats(ref)
-    await reply(interaction, embed=stats_embed(title, stats))
+    """Counts, desk tokens, fill against the limit, and a PNG chart of days unused across the list."""
+    upkeep = getattr(bot_of(interaction), "upkeep", None)
+    stats = await manager_of(interaction).stats(ref, embedding_problem=upkeep.last_error if upkeep else None)
+    embed = stats_embed(title, stats)
+    if not stats.total:
+        await reply(interaction, embed=embed)
+        return
+    png = days_unused_chart(stats.days, stats.dormant_after, decay=stats.decay, title=title)
+    embed.set_image(url=f"attachment://{CHART_NAME}")
+    await reply(interaction, embed=embed, file=discord.File(io.BytesIO(png), filename=CHART_NAME))
 
 
 async def memory_choices(

@@ -7,6 +7,8 @@ Integrations page, but the spec ties these settings to Manage Server itself.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import discord
@@ -14,11 +16,13 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot.memory.models import GuildSettings
+from bot.memory.upkeep import RebuildProgress, Upkeep
 from bot.memory.visibility import clean_text
 from bot.pipeline import ReplyPipeline
 from cogs import memory_flows as flows
 from cogs.ui import COLOUR, Refused, TextModal, bot_of, can_manage, clip, reply, sentence
 
+log = logging.getLogger(__name__)
 ReplyChannel = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.StageChannel | discord.Thread
 MAX_AUTO_REPLY_CHANNELS = 25
 MAX_ATTRIBUTES = 25
@@ -62,6 +66,7 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
     auto_reply = app_commands.Group(name="auto-reply", description="Channels where the bot answers every message")
     persona = app_commands.Group(name="persona", description="The bot's name, prompt and attributes in this server")
     lore = app_commands.Group(name="lore", description="Always-on lore: rules and facts in every prompt")
+    embeddings = app_commands.Group(name="embeddings", description="The vectors the bot searches with")
 
     def __init__(self, bot: commands.Bot) -> None:
         self.bot = bot
@@ -95,6 +100,11 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
             len(await pipeline.lore(guild_id)),
             len(await manager.blocklist(guild_id)),
         )
+        history = getattr(bot_of(interaction), "history", None)
+        if history is not None:
+            off = await history.recall_off_channels(guild_id)
+            shown = "on everywhere" if not off else "off in " + " ".join(f"<#{channel}>" for channel in off)
+            embed.add_field(name="History recall", value=clip(shown, 1000), inline=False)
         await reply(interaction, embed=embed)
 
     @app_commands.command(name="notices", description="Where notices about memories the bot saved or forgot go, and how detailed")
@@ -175,6 +185,37 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
             "Tagging is on: a memory with tags is used only when one of its tags appears in the conversation.",
             "Tagging is off: tags are ignored.",
         )
+
+    @app_commands.command(name="history-recall", description="Whether replies in a channel may recall its older chat")
+    @app_commands.describe(
+        enabled="Off: older messages of the channel are still stored and chunked, but never added to replies",
+        channel="The channel (default: this one)",
+    )
+    async def history_recall(self, interaction: discord.Interaction, enabled: bool, channel: ReplyChannel | None = None) -> None:
+        history = getattr(bot_of(interaction), "history", None)
+        if history is None:
+            raise Refused("the bot is still starting; try again in a moment")
+        target = channel.id if channel is not None else interaction.channel_id
+        assert target is not None
+        await history.set_recall(target, self.guild_id(interaction), enabled)
+        if enabled:
+            text = f"History recall is on in <#{target}>: replies there may add older messages of that channel that match."
+        else:
+            text = (
+                f"History recall is off in <#{target}>: its messages are still stored and chunked, "
+                "but replies there never add older chat."
+            )
+        await reply(interaction, text)
+
+    # --- embeddings ---
+
+    @embeddings.command(name="rebuild", description="Embed every memory, chat chunk and document passage with the current model")
+    async def embeddings_rebuild(self, interaction: discord.Interaction) -> None:
+        upkeep = getattr(bot_of(interaction), "upkeep", None)
+        if upkeep is None:
+            raise Refused("the bot is still starting; try again in a moment")
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        await rebuild_flow(interaction, upkeep)
 
     # --- blocklist ---
 
@@ -363,3 +404,47 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
 
 async def setup(bot: commands.Bot) -> None:
     await bot.add_cog(Settings(bot))
+
+
+REBUILD_EDIT_EVERY_S = 2.0  # Discord rate-limits edits; a bar that moves every two seconds reads as alive
+
+
+def progress_text(state: RebuildProgress) -> str:
+    width = 16
+    filled = round(state.fraction * width)
+    bar = "▰" * filled + "▱" * (width - filled)
+    head = f"Rebuilding vectors with **{state.space}**"
+    if state.finished and state.paused:
+        return (
+            f"{head}: paused.\n{bar} {state.fraction:.0%} · {state.summary()}\nWhy: {clip(state.paused, 500)}\n"
+            "Run it again later: it continues where it stopped (the bot also retries in the background)."
+        )
+    if state.finished:
+        extra = f" Removed {state.stale_removed} vectors of other models." if state.stale_removed else ""
+        made = f" Made {state.chunks_made} new chunks of older chat." if state.chunks_made else ""
+        return f"{head}: done.\n{bar} 100% · {state.summary()}.{made}{extra}"
+    return f"{head}…\n{bar} {state.fraction:.0%} · {state.summary()}"
+
+
+async def rebuild_flow(interaction: discord.Interaction, upkeep: Upkeep) -> None:
+    """Run a pass and show its progress in one edited (ephemeral) message; the pass goes on if editing fails."""
+    last = 0.0
+    editing = True
+    if upkeep.busy:
+        await interaction.edit_original_response(content="A rebuild is already running; this one starts when it ends…")
+
+    async def progress(state: RebuildProgress) -> None:
+        nonlocal last, editing
+        now = time.monotonic()
+        if not editing or (not state.finished and now - last < REBUILD_EDIT_EVERY_S):
+            return
+        last = now
+        try:
+            await interaction.edit_original_response(content=progress_text(state))
+        except discord.HTTPException as exc:  # the interaction expired (15 minutes): the pass itself goes on
+            editing = False
+            log.info("Stopped showing rebuild progress: %s", exc)
+
+    state = await upkeep.rebuild(progress)
+    if not editing:
+        await interaction.followup.send(progress_text(state), ephemeral=True)

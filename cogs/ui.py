@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 EPHEMERAL = True
 LIST_PAGE_SIZE = 8
 MEMORY_PREVIEW = 400
+MAX_CHANNELS_SHOWN = 5  # an imported memory may name many channels; the list shows a few
 DESK, DRAWER = "🗂️ desk", "🗄️ drawer"
 COLOUR = discord.Colour.blurple()
 
@@ -49,9 +50,45 @@ def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
+# Discord refuses a whole message (HTTP 400) when one part is over its limit, so every answer is fitted first:
+# a long memory, ten long tags or 25 lore entries shorten what is shown instead of failing the command.
+CONTENT_LIMIT, DESCRIPTION_LIMIT, FIELD_NAME_LIMIT, FIELD_VALUE_LIMIT, EMBED_LIMIT = 2000, 4096, 256, 1024, 6000
+SHRINK_FLOOR = 60
+
+
+def fit_embed(embed: discord.Embed) -> discord.Embed:
+    """Trim `embed` in place to Discord's limits: each part first, then the longest parts until the total fits."""
+    if embed.title:
+        embed.title = clip(embed.title, FIELD_NAME_LIMIT)
+    if embed.description:
+        embed.description = clip(embed.description, DESCRIPTION_LIMIT)
+    for index, item in enumerate(embed.fields):
+        name, value = clip(item.name or "", FIELD_NAME_LIMIT), clip(item.value or "", FIELD_VALUE_LIMIT)
+        embed.set_field_at(index, name=name, value=value, inline=bool(item.inline))
+    while len(embed) > EMBED_LIMIT:
+        excess = len(embed) - EMBED_LIMIT
+        parts = [(len(item.value or ""), index) for index, item in enumerate(embed.fields)]
+        parts.append((len(embed.description or ""), -1))
+        size, index = max(parts)
+        if size <= SHRINK_FLOOR:  # nothing long is left to shorten: show fewer fields
+            embed.remove_field(len(embed.fields) - 1)
+            continue
+        target = max(size - excess, SHRINK_FLOOR)
+        if index == -1:
+            embed.description = clip(embed.description or "", target)
+        else:
+            item = embed.fields[index]
+            embed.set_field_at(index, name=item.name or "", value=clip(item.value or "", target), inline=bool(item.inline))
+    return embed
+
+
 async def reply(interaction: discord.Interaction, content: str | None = None, **kwargs: Any) -> None:
     """Answer an interaction whether or not it was already answered or deferred; ephemeral by default."""
     kwargs.setdefault("ephemeral", EPHEMERAL)
+    if content:
+        content = clip(content, CONTENT_LIMIT)
+    if kwargs.get("embed") is not None:
+        fit_embed(kwargs["embed"])
     if interaction.response.is_done():
         await interaction.followup.send(content, **kwargs)
     else:
@@ -121,7 +158,9 @@ def memory_meta(view: MemoryView) -> str:
     if memory.tags:
         parts.append("tags: " + ", ".join(memory.tags))
     if memory.channel_ids:
-        parts.append("only in " + " ".join(f"<#{channel}>" for channel in memory.channel_ids))
+        shown = " ".join(f"<#{channel}>" for channel in memory.channel_ids[:MAX_CHANNELS_SHOWN])
+        more = len(memory.channel_ids) - MAX_CHANNELS_SHOWN
+        parts.append(f"only in {shown}" + (f" and {more} more" if more > 0 else ""))
     parts.append(view.vector.value)
     if view.similarity is not None:
         parts.append(f"similarity {view.similarity:.2f}")
@@ -156,7 +195,18 @@ def page_embed(title: str, page: Page, empty: str) -> discord.Embed:
 
 
 def quote(text: str, limit: int = 900) -> str:
-    return "\n".join(f"> {line}" for line in clip(text, limit).splitlines() or [""])
+    """`text` as a Markdown block quote of about `limit` characters, the "> " of each line included (a text of
+    many short lines would otherwise grow past Discord's 2,000 characters)."""
+    lines: list[str] = []
+    size = 0
+    for line in clip(text, limit).splitlines() or [""]:
+        quoted = f"> {line}"
+        if size + len(quoted) > limit:
+            lines.append("> …")
+            break
+        lines.append(quoted)
+        size += len(quoted) + 1
+    return "\n".join(lines)
 
 
 INSTRUCTION_HINT_SERVER = (
@@ -248,7 +298,7 @@ class PagedView(OwnedView):
     async def show(self, interaction: discord.Interaction, number: int) -> None:
         self.page = await self.fetch(number)
         self._sync_buttons()
-        await interaction.response.edit_message(embed=self.render(self.page), view=self)
+        await interaction.response.edit_message(embed=fit_embed(self.render(self.page)), view=self)
 
     @discord.ui.button(emoji="⏮️", style=discord.ButtonStyle.secondary)
     async def first_page(self, interaction: discord.Interaction, button: discord.ui.Button[PagedView]) -> None:

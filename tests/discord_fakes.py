@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import discord
+import yarl
 from aiohttp import WSMsgType, web
 
 BOT_ID = 900_000_000_000_000_001
@@ -37,9 +38,76 @@ MEMBER_PERMISSIONS = SEND_MESSAGES | (1 << 16)  # + read message history
 ADMIN_PERMISSIONS = MEMBER_PERMISSIONS | MANAGE_GUILD
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
+def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     """discord.py parses a body as JSON only when Content-Type is exactly application/json (no charset)."""
-    return web.Response(body=json.dumps(data).encode(), status=status, headers={"Content-Type": "application/json"})
+    return web.Response(
+        body=json.dumps(data).encode(), status=status, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+
+
+# Discord's documented message limits; a body over any of them is refused with 400 (code 50035), as Discord does.
+CONTENT_LIMIT, EMBEDS_LIMIT, EMBED_TOTAL_LIMIT, FIELDS_LIMIT = 2000, 10, 6000, 25
+EMBED_PART_LIMITS = {"title": 256, "description": 4096}
+FIELD_NAME_LIMIT, FIELD_VALUE_LIMIT, FOOTER_LIMIT = 256, 1024, 2048
+
+
+def limit_problems(data: dict[str, Any]) -> list[str]:
+    """What Discord would refuse in a message body (content and embeds), as short sentences."""
+    problems = []
+    content = data.get("content") or ""
+    if len(content) > CONTENT_LIMIT:
+        problems.append(f"content has {len(content)} characters (limit {CONTENT_LIMIT})")
+    embeds = data.get("embeds") or []
+    if len(embeds) > EMBEDS_LIMIT:
+        problems.append(f"{len(embeds)} embeds (limit {EMBEDS_LIMIT})")
+    total = 0
+    for embed in embeds:
+        for part, limit in EMBED_PART_LIMITS.items():
+            size = len(embed.get(part) or "")
+            total += size
+            if size > limit:
+                problems.append(f"embed {part} has {size} characters (limit {limit})")
+        footer = len((embed.get("footer") or {}).get("text") or "")
+        total += footer
+        if footer > FOOTER_LIMIT:
+            problems.append(f"embed footer has {footer} characters (limit {FOOTER_LIMIT})")
+        fields = embed.get("fields") or []
+        if len(fields) > FIELDS_LIMIT:
+            problems.append(f"embed has {len(fields)} fields (limit {FIELDS_LIMIT})")
+        for item in fields:
+            total += len(item.get("name") or "") + len(item.get("value") or "")
+            if len(item.get("name") or "") > FIELD_NAME_LIMIT or len(item.get("value") or "") > FIELD_VALUE_LIMIT:
+                problems.append(f"embed field {item.get('name')!r} is over {FIELD_NAME_LIMIT}/{FIELD_VALUE_LIMIT} characters")
+    if total > EMBED_TOTAL_LIMIT:
+        problems.append(f"embeds have {total} characters in all (limit {EMBED_TOTAL_LIMIT})")
+    return problems
+
+
+def invalid_form(problems: list[str]) -> web.Response:
+    return _json({"message": "Invalid Form Body", "code": 50035, "errors": {"_errors": problems}}, status=400)
+
+
+@dataclass
+class Failure:
+    """An error the fake answers instead of success, `times` times (None: until removed from `FakeDiscord.failures`)."""
+
+    method: str
+    path: str
+    status: int
+    code: int = 0
+    message: str = ""
+    retry_after: float | None = None
+    times: int | None = None
+    hits: int = 0
+
+    def response(self) -> web.Response:
+        self.hits += 1
+        if self.times is not None:
+            self.times -= 1
+        if self.status == 429:  # discord.py treats a 429 without a Via header as a Cloudflare ban
+            body = {"message": "You are being rate limited.", "retry_after": self.retry_after or 0.1, "global": False}
+            return _json(body, status=429, headers={"Via": "1.1 google", "Retry-After": str(int(self.retry_after or 1))})
+        return _json({"message": self.message or f"{self.status} error", "code": self.code}, status=self.status)
 
 
 def now_iso() -> str:
@@ -174,11 +242,15 @@ class FakeDiscord:
         self.sockets: list[web.WebSocketResponse] = []
         self.identified = asyncio.Event()
         self.received: list[dict[str, Any]] = []  # gateway frames from the bot
+        self.failures: list[Failure] = []  # errors to answer instead of success (see `fail`)
+        self.shards: dict[int, tuple[int, int]] = {}  # id(socket) -> (shard id, shard count) from its IDENTIFY
+        self.refused: list[tuple[Call, list[str]]] = []  # bodies refused for breaking Discord's limits
         self._originals: dict[str, int] = {}  # interaction token -> message id of its original response
         self._changed = asyncio.Condition()
         self._sequence = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self._old_base = discord.http.Route.BASE
+        self._old_gateway = discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
         self.port = 0
 
     # --- lifecycle ---
@@ -198,10 +270,13 @@ class FakeDiscord:
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         discord.http.Route.BASE = f"{self.base}/api/v10"
+        # With a fixed SHARD_COUNT discord.py skips GET /gateway/bot and dials its built-in gateway address.
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(f"ws://127.0.0.1:{self.port}/gateway")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         discord.http.Route.BASE = self._old_base
+        discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = self._old_gateway
         for socket in list(self.sockets):
             with contextlib.suppress(Exception):
                 await socket.close()
@@ -229,6 +304,22 @@ class FakeDiscord:
 
     def find(self, predicate: Callable[[Call], bool]) -> list[Call]:
         return [call for call in self.calls if predicate(call)]
+
+    def fail(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        *,
+        code: int = 0,
+        message: str = "",
+        retry_after: float | None = None,
+        times: int | None = None,
+    ) -> Failure:
+        """Answer `method path` (e.g. "POST", "/channels/1/messages") with an error until removed or `times` ran out."""
+        failure = Failure(method, path, status, code, message, retry_after, times)
+        self.failures.append(failure)
+        return failure
 
     def add_attachment(self, filename: str, raw: bytes, content_type: str = "application/json") -> dict[str, Any]:
         """Serve `raw` as a Discord attachment and return its payload (for `resolved.attachments`)."""
@@ -286,9 +377,18 @@ class FakeDiscord:
     async def _rest(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["path"]
         body, files = await self._read(request)
-        await self._record(Call(request.method, path, dict(request.query), body, files))
+        call = Call(request.method, path, dict(request.query), body, files)
+        await self._record(call)
         parts = path.strip("/").split("/")
         method = request.method
+        for failure in self.failures:
+            if failure.method == method and failure.path == path and (failure.times is None or failure.times > 0):
+                return failure.response()
+        if method in ("POST", "PATCH") and body is not None:
+            problems = limit_problems(call.data)
+            if problems:
+                self.refused.append((call, problems))
+                return invalid_form(problems)
         if path == "/users/@me":
             if not self.token_ok:
                 return _json({"message": "401: Unauthorized", "code": 0}, status=401)
@@ -391,23 +491,40 @@ class FakeDiscord:
                 self.sockets.remove(socket)
         return socket
 
+    def shard_of_socket(self, socket: web.WebSocketResponse) -> tuple[int, int] | None:
+        return self.shards.get(id(socket))
+
+    def owns(self, socket: web.WebSocketResponse, guild_id: int | None) -> bool:
+        """Whether Discord would send this guild's events on this connection: (guild_id >> 22) % shard_count
+        picks the shard, and direct messages go to shard 0."""
+        shard = self.shard_of_socket(socket)
+        if shard is None:
+            return False
+        number, count = shard
+        return number == (0 if guild_id is None else (guild_id >> 22) % count)
+
     async def _ready(self, socket: web.WebSocketResponse, identify: dict[str, Any]) -> None:
         shard = identify.get("shard", [0, 1])
+        self.shards[id(socket)] = (int(shard[0]), int(shard[1]))
+        mine = [g for g in self.guilds if self.owns(socket, int(g["id"]))]
         ready = {
-            "v": 10, "user": BOT_USER, "guilds": [{"id": g["id"], "unavailable": True} for g in self.guilds],
+            "v": 10, "user": BOT_USER, "guilds": [{"id": g["id"], "unavailable": True} for g in mine],
             "session_id": "fake-session", "resume_gateway_url": f"ws://127.0.0.1:{self.port}/gateway", "shard": shard,
             "application": {"id": str(BOT_ID), "flags": 1 << 19}, "private_channels": [], "relationships": [],
         }
         await socket.send_json({"op": 0, "t": "READY", "s": next(self._sequence), "d": ready})
-        for guild in self.guilds:
+        for guild in mine:
             await socket.send_json({"op": 0, "t": "GUILD_CREATE", "s": next(self._sequence), "d": guild})
         self.identified.set()
 
     async def dispatch(self, event: str, data: dict[str, Any]) -> None:
+        """Send an event on the connection of the shard that owns its guild (every identified one if it has none)."""
         if event == "MESSAGE_CREATE":  # so channel history knows it, as Discord would
             self.messages.setdefault(int(data["id"]), data)
+        guild = data.get("guild_id")
         for socket in list(self.sockets):
-            await socket.send_json({"op": 0, "t": event, "s": next(self._sequence), "d": data})
+            if self.owns(socket, int(guild) if guild is not None else None) or (guild is None and event != "MESSAGE_CREATE"):
+                await socket.send_json({"op": 0, "t": event, "s": next(self._sequence), "d": data})
 
 
 # --- interaction payloads ----------------------------------------------------------------------------

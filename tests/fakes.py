@@ -1,4 +1,4 @@
-"""Test doubles shared by test files: a local OpenAI-compatible chat server.
+"""Test doubles shared by test files: local OpenAI-compatible chat and embeddings servers.
 
 `FakeChatServer` is a real HTTP server (aiohttp on 127.0.0.1, a free port) that the real `openai`
 client talks to. It records every request body and answers from a script: text, tool calls, an
@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -133,3 +134,64 @@ class FakeChatServer:
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             }
         )
+
+
+@dataclass
+class FakeEmbeddingsServer:
+    """An OpenAI-compatible /v1/embeddings endpoint on 127.0.0.1 backed by the built-in model.
+
+    Every request is recorded (`requests`), so tests can count embedding requests (issue 4: one per
+    reply). `mode` makes it misbehave: "error" (HTTP 500), "slow" (5 s), "nan", "short", "missing".
+
+        async with FakeEmbeddingsServer(builtin_embedder) as server:
+            embedder = create_embedder(Settings(embedding_provider="openai", embedding_base_url=server.url, ...))
+    """
+
+    model: Any  # a BuiltinEmbedder
+    mode: str = "ok"
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    @property
+    def texts(self) -> list[str]:
+        """Every text embedded so far, in order."""
+        found: list[str] = []
+        for request in self.requests:
+            raw = request["body"]["input"]
+            found += raw if isinstance(raw, list) else [raw]
+        return found
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"body": body, "auth": request.headers.get("Authorization")})
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        if self.mode == "error":
+            return web.json_response({"error": {"message": "overloaded", "type": "server_error"}}, status=500)
+        if self.mode == "slow":
+            await asyncio.sleep(5)
+        vectors = self.model.encode_now(texts).tolist()
+        if self.mode == "nan":
+            vectors[0][0] = math.nan
+        if self.mode == "short":
+            vectors = [vector[:100] for vector in vectors]
+        if self.mode == "missing":
+            vectors = vectors[:-1]
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in reversed(list(enumerate(vectors)))]
+        payload = {"object": "list", "data": data, "model": body["model"], "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+        return web.json_response(payload)
+
+    async def __aenter__(self) -> FakeEmbeddingsServer:
+        app = web.Application()
+        app.router.add_post("/v1/embeddings", self.handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

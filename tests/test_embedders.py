@@ -4,14 +4,11 @@ server, deadlines, garbage answers, and the built-in model's behaviour that the 
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from datetime import date
 
 import numpy as np
 import pytest
-from aiohttp import web
 
 from bot.config import Settings
 from bot.memory.embeddings import (
@@ -25,50 +22,13 @@ from bot.memory.embeddings import (
 from bot.memory.models import Conversation, MemoryList
 from bot.memory.recall import NewMemory
 from tests.conftest import MakeCore
-
-
-@dataclass
-class FakeEmbeddingsServer:
-    """An OpenAI-compatible /v1/embeddings endpoint on 127.0.0.1 backed by the built-in model."""
-
-    model: BuiltinEmbedder
-    mode: str = "ok"
-    requests: list[dict] = field(default_factory=list)
-    url: str = ""
-
-    async def handle(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.requests.append({"body": body, "auth": request.headers.get("Authorization")})
-        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
-        if self.mode == "error":
-            return web.json_response({"error": {"message": "overloaded", "type": "server_error"}}, status=500)
-        if self.mode == "slow":
-            await asyncio.sleep(5)
-        vectors = self.model.encode_now(texts).tolist()
-        if self.mode == "nan":
-            vectors[0][0] = math.nan
-        if self.mode == "short":
-            vectors = [vector[:100] for vector in vectors]
-        if self.mode == "missing":
-            vectors = vectors[:-1]
-        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in reversed(list(enumerate(vectors)))]
-        payload = {"object": "list", "data": data, "model": body["model"], "usage": {"prompt_tokens": 1, "total_tokens": 1}}
-        return web.json_response(payload)
+from tests.fakes import FakeEmbeddingsServer
 
 
 @pytest.fixture
 async def fake_server(builtin_embedder: BuiltinEmbedder) -> AsyncIterator[FakeEmbeddingsServer]:
-    server = FakeEmbeddingsServer(builtin_embedder)
-    app = web.Application()
-    app.router.add_post("/v1/embeddings", server.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    server.url = f"http://127.0.0.1:{port}/v1"
-    yield server
-    await runner.cleanup()
+    async with FakeEmbeddingsServer(builtin_embedder) as server:
+        yield server
 
 
 def openai_settings(url: str, timeout: float = 2.0) -> Settings:
@@ -170,3 +130,13 @@ def test_builtin_embedder_is_multilingual(builtin_embedder: BuiltinEmbedder) -> 
         ["Juno's cat is called Mochi", "¿cómo está Mochi, el gato de Juno?", "el tren llegó tarde otra vez"]
     )
     assert memory @ spanish > 0.5 > memory @ unrelated
+
+
+async def test_batches_get_a_longer_deadline_than_a_single_message(fake_server) -> None:
+    fake_server.mode = "slow"  # answers after 5 s
+    embedder = create_embedder(openai_settings(fake_server.url, timeout=1.0))
+    assert embedder.deadline(1) == 1.0 and embedder.deadline(64) == 8.0
+    with pytest.raises(EmbeddingError, match=r"1 s"):
+        await embedder.embed(["a reply's message"])
+    vectors = await embedder.embed([f"memory {i}" for i in range(48)])  # 6 s deadline: the batch gets through
+    assert vectors.shape == (48, 512)

@@ -210,13 +210,13 @@ async def test_tool_calls_save_and_forget_with_notices(
     assert second["messages"][: len(first["messages"])] == first["messages"]
     assert second["messages"][len(first["messages"])]["tool_calls"][0]["function"]["name"] == "save_memory"
 
-    # verbose notices to a log channel show the text
+    # verbose notices to a log channel show the text of server memories, never of personal ones (issue 6)
     await pipeline.core.update_guild_settings(GUILD, notices="log", notice_verbosity="verbose", log_channel_id=LOG_CHANNEL)
     chat.tool_calls(("update_memory", {"memory_id": mochi, "text": "Juno's cats are Mochi and Tofu"})).text("Updated.")
     outcome = await pipeline.reply(message(JUNO, "I adopted Tofu too", clock=clock))
     assert outcome.notices is not None
     assert (outcome.notices.destination, outcome.notices.log_channel_id) == ("log", LOG_CHANNEL)
-    assert outcome.notices.lines == (f"✏️ Updated a personal memory about Juno (#{mochi}): “Juno's cats are Mochi and Tofu”",)
+    assert outcome.notices.lines == (f"✏️ Updated a personal memory about Juno (#{mochi})",)
 
 
 async def test_full_list_forgets_a_dormant_memory_to_make_room(

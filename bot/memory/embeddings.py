@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from bot.config import BUILTIN_MODEL, Settings
+from bot.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,8 @@ class OpenAIEmbedder:
         import openai
 
         self._client = openai.AsyncOpenAI(
-            base_url=base_url or None, api_key=api_key or "not-needed", timeout=timeout_s, max_retries=0
+            # The deadline is DeadlineEmbedder's (it grows with the batch); this is only a backstop.
+            base_url=base_url or None, api_key=api_key or "not-needed", timeout=max(timeout_s * 64, 120.0), max_retries=0
         )
         self._space = EmbeddingSpace("openai", base_url or "https://api.openai.com/v1", model)
         self._dimensions: int | None = None
@@ -159,6 +161,8 @@ class DeadlineEmbedder:
     exception from a provider library must never escape as anything but a failed search.
     """
 
+    TEXTS_PER_DEADLINE = 8
+
     def __init__(self, inner: Embedder, timeout_s: float) -> None:
         self.inner = inner
         self.timeout_s = timeout_s
@@ -167,15 +171,29 @@ class DeadlineEmbedder:
     def space(self) -> EmbeddingSpace | None:
         return self.inner.space
 
+    def deadline(self, count: int) -> float:
+        """EMBEDDING_TIMEOUT_S for a reply's message; background batches get proportionally longer.
+
+        A fixed 2 s for a batch of 64 memories would make re-embedding fail forever on a slow or
+        busy machine, while a reply must never wait long for its one message.
+        """
+        return self.timeout_s * max(1.0, count / self.TEXTS_PER_DEADLINE)
+
+    async def warm_up(self) -> None:
+        """Load a local model before the first deadline counts (loading takes longer than a search)."""
+        warm = getattr(self.inner, "warm_up", None)
+        if warm is not None:
+            await asyncio.to_thread(warm)
+
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         try:
-            return await asyncio.wait_for(self.inner.embed(texts), self.timeout_s)
-        except EmbeddingError:
-            raise
+            return await asyncio.wait_for(self.inner.embed(texts), self.deadline(len(texts)))
+        except EmbeddingError as exc:  # its text becomes a search failure in receipts: no API key may be in it
+            raise EmbeddingError(redact(str(exc))) from exc
         except TimeoutError as exc:
-            raise EmbeddingError(f"{self.space}: no answer within {self.timeout_s:g} s") from exc
+            raise EmbeddingError(f"{self.space}: no answer within {self.deadline(len(texts)):g} s") from exc
         except Exception as exc:
-            raise EmbeddingError(f"{self.space}: {type(exc).__name__}: {exc}") from exc
+            raise EmbeddingError(redact(f"{self.space}: {type(exc).__name__}: {exc}")) from exc
 
 
 def create_embedder(settings: Settings, builtin: BuiltinEmbedder | None = None) -> DeadlineEmbedder:

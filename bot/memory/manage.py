@@ -27,7 +27,7 @@ from bot.memory import store
 from bot.memory.embeddings import EmbeddingError
 from bot.memory.models import GuildSettings, Memory, MemoryList, Privacy, SaveResult, Source
 from bot.memory.recall import MemoryCore, NewMemory
-from bot.memory.visibility import clean_text, normalize_tags
+from bot.memory.visibility import clean_text, normalize_tags, shown
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +160,11 @@ class ListStats:
     total_tokens: int
     embedding: str  # the embedding space, or why there is none
     decay: bool
+    # --- memory viewer (issue 4) ---
+    unavailable: int = 0  # no vector, and none can be made now (no embedder, or the last attempt failed)
+    unavailable_reason: str | None = None
+    days: tuple[int, ...] = ()  # days_unused of every memory of the list, for the chart
+    dormant_after: int = 7
 
 
 @dataclass(frozen=True)
@@ -242,7 +247,7 @@ def _snowflake(value: object, where: str) -> int:
         raise ManageError(f"{where}: channel ids must be numbers or strings of digits")
     text = str(value).strip()
     if not text.isdigit() or not 0 < int(text) < 2**63:
-        raise ManageError(f"{where}: {value!r} is not a Discord channel id")
+        raise ManageError(f"{where}: {shown(value)} is not a Discord channel id")
     return int(text)
 
 
@@ -288,6 +293,11 @@ class MemoryManager:
             number = min(max(number, 0), pages - 1)
             rows = await store.page_of_list(conn, where, args, space=space, offset=number * size, limit=size)
         return Page([self._view(m, has, space) for m, has in rows], number, size, total)
+
+    async def memories_by_id(self, memory_ids: Collection[int]) -> dict[int, Memory]:
+        """Memories by id, whatever list they are in (receipts name them; the caller decides what to show)."""
+        async with self.core.pool.acquire() as conn:
+            return {memory.id: memory for memory in await store.memories_by_id(conn, memory_ids)}
 
     async def get(self, ref: ListRef, memory_id: int) -> Memory:
         async with self.core.pool.acquire() as conn:
@@ -338,7 +348,9 @@ class MemoryManager:
             rows = await store.text_search_list(conn, where, args, text=current, limit=limit, created_by=created_by)
         return [memory for memory, _ in rows]
 
-    async def stats(self, ref: ListRef) -> ListStats:
+    async def stats(self, ref: ListRef, *, embedding_problem: str | None = None) -> ListStats:
+        """Counts for the memory viewer. `embedding_problem` is the background embedder's last failure, if any:
+        memories without a vector then count as "embedding unavailable" rather than "waiting for vector"."""
         ref = ref.widened() if ref.list == MemoryList.PERSONAL else ref
         space = await self.core.space_id()
         where, args = ref.filter()
@@ -348,11 +360,17 @@ class MemoryManager:
         decay = self.core.decay_active
         desk = [row for row in rows if not (decay and row["days_unused"] >= dormant_after)]
         space_text = str(self.core.embedder.space) if self.core.embedder.space else "none (EMBEDDING_PROVIDER=none)"
+        without = sum(1 for row in rows if not row["has_vector"])
+        unavailable_reason = "no embedding provider is configured" if space is None else embedding_problem
         return ListStats(
             total=len(rows),
             desk=len(desk),
             drawer=len(rows) - len(desk),
-            waiting=0 if space is None else sum(1 for row in rows if not row["has_vector"]),
+            waiting=0 if unavailable_reason else without,
+            unavailable=without if unavailable_reason else 0,
+            unavailable_reason=unavailable_reason if without else None,
+            days=tuple(row["days_unused"] for row in rows),
+            dormant_after=dormant_after,
             protected=sum(1 for row in rows if row["protected"]),
             limit=self.limit_of(ref),
             desk_tokens=sum(count_tokens(row["text"]) for row in desk),
@@ -518,6 +536,8 @@ class MemoryManager:
             raise ManageError("the file is not UTF-8 text; import a file made by an export command") from None
         except json.JSONDecodeError as exc:
             raise ManageError(f"the file is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        except (ValueError, RecursionError):  # a number of thousands of digits, or arrays nested thousands deep
+            raise ManageError("the file is not a Deskmate memory export (nested too deeply, or absurdly long numbers)") from None
         if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
             raise ManageError(f'the file is not a Deskmate memory export (it needs "format": "{EXPORT_FORMAT}")')
         version = doc.get("version")
@@ -718,5 +738,6 @@ class MemoryManager:
         """Delete every personal memory (with vectors), setting and stored message of a user, in one transaction."""
         async with self.core.pool.acquire() as conn, conn.transaction():
             counts = await store.delete_user_data(conn, user_id)
+            await store.delete_user_history(conn, user_id)  # the chunks with their messages; rebuilt without them
             counts["chat_messages"] = await store.delete_user_chat_data(conn, user_id)
         return counts

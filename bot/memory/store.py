@@ -111,6 +111,19 @@ async def delete_stale_vectors(conn: Connection, keep_space: int) -> int:
 
 # --- the per-reply search -------------------------------------------------------------------------
 
+# Locking and performance notes (measured by `make bench`, see BENCHMARKS.md):
+# - Resets and agings are one UPDATE over `locked`, which takes the row locks in id order first.
+#   Two replies in one server (or sharing a participant) change overlapping rows; with the locks
+#   taken in whatever order each plan visits rows they deadlocked: 32 of 300 concurrent
+#   first-of-day searches in one server failed with "deadlock detected" before this, 0 after.
+# - Only rows whose snapshot says they were last aged before today are locked for aging, so the
+#   later replies of a day (most of them) lock and write just their used memories. This is exact
+#   because last_aged_on never moves backwards; the UPDATE's own `last_aged_on < $11` re-checks
+#   the latest row version when replies race, so a memory never ages twice on one day.
+# - The last line commits this statement with synchronous_commit=off (transaction-local): the
+#   reply does not wait for the WAL flush. A server crash can lose the last fraction of a second
+#   of resets and agings, whole statements at a time (never half of one, never out of order);
+#   it cannot age a memory twice. On a busy disk the flush was most of the statement's time.
 REPLY_SEARCH_SQL = f"""
 WITH guild AS (
     SELECT coalesce(gs.tagging, false) AS tagging, coalesce(gs.personal_memories, true) AS personal_on
@@ -137,26 +150,32 @@ visible AS (
       AND (NOT guild.tagging OR cardinality(c.tags) = 0 OR c.tags && $5::text[])
 ),
 scored AS (
-    SELECT v.id, 1 - (mv.embedding <=> $6::vector) AS similarity
+    SELECT v.id, v.last_aged_on, 1 - (mv.embedding <=> $6::vector) AS similarity
     FROM visible v JOIN memory_vectors mv ON mv.memory_id = v.id AND mv.space_id = $7
     WHERE $6::vector IS NOT NULL AND vector_dims(mv.embedding) = vector_dims($6::vector)
 ),
 used AS (
     SELECT id, similarity FROM scored WHERE similarity >= $8 ORDER BY similarity DESC, id LIMIT $9
 ),
-reset AS (
-    UPDATE memories m SET days_unused = 0, last_used_at = $10, last_aged_on = $11
-    FROM used WHERE m.id = used.id
-    RETURNING m.id
+locked AS (
+    SELECT m.id FROM memories m
+    WHERE m.id = ANY (ARRAY(SELECT id FROM used UNION SELECT id FROM scored WHERE last_aged_on < $11))
+    ORDER BY m.id
+    FOR NO KEY UPDATE
 ),
-aged AS (
-    UPDATE memories m SET days_unused = m.days_unused + 1, last_aged_on = $11
-    WHERE m.id IN (SELECT id FROM scored) AND m.id NOT IN (SELECT id FROM used) AND m.last_aged_on < $11
+changed AS (
+    UPDATE memories m
+    SET days_unused = CASE WHEN u.id IS NULL THEN m.days_unused + 1 ELSE 0 END,
+        last_used_at = CASE WHEN u.id IS NULL THEN m.last_used_at ELSE $10 END,
+        last_aged_on = $11
+    FROM locked l LEFT JOIN used u ON u.id = l.id
+    WHERE m.id = l.id AND (u.id IS NOT NULL OR m.last_aged_on < $11)
     RETURNING m.id
 )
 SELECT v.*, u.similarity AS used_similarity
 FROM visible v LEFT JOIN used u ON u.id = v.id
-WHERE v.days_unused < $12 OR u.id IS NOT NULL
+WHERE (v.days_unused < $12 OR u.id IS NOT NULL)
+  AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
 """
 
 
@@ -533,9 +552,21 @@ async def delete_channel_chat(conn: Connection, channel_id: int) -> int:
 
 
 async def delete_user_chat_data(conn: Connection, user_id: int) -> int:
-    """Everything the pipeline stored about one user (/privacy delete-my-data): their messages and name."""
+    """Everything the pipeline stored about one user (/privacy delete-my-data): their messages and name,
+    and the receipts of replies to them or naming them anywhere (a receipt keeps who each memory is about and
+    the text of memories saved; matching the id as a whole number keeps up with new receipt fields)."""
+    await conn.execute(
+        "DELETE FROM reply_receipts WHERE message_id IN (SELECT message_id FROM chat_messages WHERE author_id = $1)"
+        " OR receipt::text ~ ('(^|[^0-9])' || $1::bigint::text || '([^0-9]|$)')",
+        user_id,
+    )
     status = await conn.execute("DELETE FROM chat_messages WHERE author_id = $1", user_id)
     await conn.execute("DELETE FROM chat_users WHERE user_id = $1", user_id)
+    # others' messages stay (their words), but no longer record that they mentioned this user
+    await conn.execute(
+        "UPDATE chat_messages SET mention_ids = array_remove(mention_ids, $1::bigint) WHERE $1::bigint = ANY (mention_ids)",
+        user_id,
+    )
     return int(status.split()[-1])
 
 
@@ -933,6 +964,8 @@ async def delete_user_data(conn: Connection, user_id: int) -> dict[str, int]:
     def count(status: str) -> int:
         return int(status.split()[-1])
 
+    # documents the user uploaded stay with their server too, no longer naming who uploaded them
+    await conn.execute("UPDATE documents SET added_by = NULL WHERE added_by = $1", user_id)
     return {
         "personal_memories": count(await conn.execute("DELETE FROM memories WHERE list = 'personal' AND owner_id = $1", user_id)),
         "authored_server_memories": count(
@@ -940,3 +973,404 @@ async def delete_user_data(conn: Connection, user_id: int) -> dict[str, int]:
         ),
         "settings": count(await conn.execute("DELETE FROM user_settings WHERE user_id = $1", user_id)),
     }
+
+
+# --- history and documents ------------------------------------------------------------------------
+# Chat-history chunks, documents and their passages (issue 4, migrations/005_history_documents.sql).
+# Chunks and passages have vectors per embedding space, like memories: a search only ever reads the
+# current space, so vectors of an old model are never searched; they are deleted once the item has
+# a vector in the current space.
+
+# kind -> (item table, vector table, key column of the vector table, text to embed)
+VECTOR_KINDS: dict[str, tuple[str, str, str, str]] = {
+    "chunk": ("history_chunks", "history_chunk_vectors", "chunk_id", "i.text"),
+    "passage": (
+        "document_passages",
+        "document_passage_vectors",
+        "passage_id",
+        "CASE WHEN i.section = '' THEN i.text ELSE i.section || E'\\n\\n' || i.text END",
+    ),
+}
+
+
+def _kind(kind: str) -> tuple[str, str, str, str]:
+    if kind not in VECTOR_KINDS:
+        raise ValueError(f"unknown vector kind {kind!r}")
+    return VECTOR_KINDS[kind]
+
+
+async def items_waiting_for_vector(conn: Connection, kind: str, space: int, limit: int) -> list[tuple[int, str]]:
+    """Chunks or passages without a vector in `space`, oldest first, with the text to embed."""
+    items, vectors, key, text = _kind(kind)
+    rows = await conn.fetch(
+        f"SELECT i.id, {text} AS text FROM {items} i"
+        f" WHERE NOT EXISTS (SELECT 1 FROM {vectors} v WHERE v.{key} = i.id AND v.space_id = $1) ORDER BY i.id LIMIT $2",
+        space,
+        limit,
+    )
+    return [(row["id"], row["text"]) for row in rows]
+
+
+async def count_items_waiting(conn: Connection, kind: str, space: int) -> int:
+    items, vectors, key, _ = _kind(kind)
+    return await conn.fetchval(
+        f"SELECT count(*) FROM {items} i WHERE NOT EXISTS (SELECT 1 FROM {vectors} v WHERE v.{key} = i.id AND v.space_id = $1)",
+        space,
+    )
+
+
+async def store_item_vector(conn: Connection, kind: str, item_id: int, space: int, vector: np.ndarray) -> bool:
+    """Store one vector if the item still exists (a chunk may be rebuilt, a document deleted, meanwhile).
+
+    Chunks and passages never change their text (an edit deletes the chunk), so no text check is needed.
+    """
+    items, vectors, key, _ = _kind(kind)
+    try:
+        status = await conn.execute(
+            f"INSERT INTO {vectors} ({key}, space_id, embedding) SELECT id, $2, $3 FROM {items} WHERE id = $1"
+            f" ON CONFLICT ({key}, space_id) DO UPDATE SET embedding = EXCLUDED.embedding",
+            item_id,
+            space,
+            vector,
+        )
+    except asyncpg.ForeignKeyViolationError:  # deleted between the check and the insert
+        return False
+    return status.endswith(" 1")
+
+
+async def delete_stale_item_vectors(conn: Connection, kind: str, keep_space: int) -> int:
+    """Drop vectors of other spaces for chunks or passages that already have one in `keep_space`."""
+    _, vectors, key, _ = _kind(kind)
+    status = await conn.execute(
+        f"DELETE FROM {vectors} old WHERE old.space_id <> $1"
+        f" AND EXISTS (SELECT 1 FROM {vectors} new WHERE new.{key} = old.{key} AND new.space_id = $1)",
+        keep_space,
+    )
+    return int(status.split()[-1])
+
+
+# chunking ----------------------------------------------------------------------------------------
+
+async def channels_with_pending_history(conn: Connection, context_messages: int, limit: int) -> list[int]:
+    """Channels with a message that is older than the context window and in no chunk yet."""
+    rows = await conn.fetch(
+        "SELECT c.channel_id FROM (SELECT DISTINCT channel_id FROM chat_messages WHERE chunk_id IS NULL) AS c"
+        " WHERE EXISTS (SELECT 1 FROM chat_messages m WHERE m.channel_id = c.channel_id AND m.chunk_id IS NULL"
+        "   AND m.message_id < (SELECT w.message_id FROM chat_messages w WHERE w.channel_id = c.channel_id"
+        "                       ORDER BY w.message_id DESC OFFSET $1 LIMIT 1))"
+        " ORDER BY c.channel_id LIMIT $2",
+        max(context_messages - 1, 0),
+        limit,
+    )
+    return [row["channel_id"] for row in rows]
+
+
+async def lock_history_rows(conn: Connection, channel_id: int, context_messages: int, limit: int) -> list[asyncpg.Record]:
+    """From the oldest unchunked message before the context window on: the channel's messages, locked.
+
+    Chunked messages in that range come too (`chunk_id` set): they break runs. The oldest message of
+    the context window comes last with `in_window` true, only so a pause before it can close a chunk.
+    Locking the rows (call inside a transaction) makes an edit or delete racing the chunker wait,
+    then see the chunk and delete it.
+    """
+    return await conn.fetch(
+        "WITH boundary AS (SELECT message_id FROM chat_messages WHERE channel_id = $1"
+        "                  ORDER BY message_id DESC OFFSET $2 LIMIT 1),"
+        " start AS (SELECT min(message_id) AS message_id FROM chat_messages"
+        "           WHERE channel_id = $1 AND chunk_id IS NULL AND message_id < (SELECT message_id FROM boundary))"
+        " SELECT m.message_id, m.guild_id, m.author_id, m.author_name, m.is_bot, m.text, m.created_at, m.chunk_id,"
+        "        m.message_id = (SELECT message_id FROM boundary) AS in_window"
+        " FROM chat_messages m"
+        " WHERE m.channel_id = $1 AND m.message_id >= (SELECT message_id FROM start)"
+        "   AND m.message_id <= (SELECT message_id FROM boundary)"
+        " ORDER BY m.message_id LIMIT $3 FOR UPDATE OF m",
+        channel_id,
+        max(context_messages - 1, 0),
+        limit,
+    )
+
+
+async def insert_history_chunk(
+    conn: Connection,
+    *,
+    guild_id: int | None,
+    channel_id: int,
+    message_ids: Sequence[int],
+    author_ids: Sequence[int],
+    started_at: datetime,
+    ended_at: datetime,
+    text: str,
+) -> int:
+    """Store a chunk and mark its messages (locked by `lock_history_rows` in the same transaction)."""
+    chunk_id = await conn.fetchval(
+        "INSERT INTO history_chunks (guild_id, channel_id, first_message_id, last_message_id, message_ids, author_ids,"
+        " started_at, ended_at, text) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
+        guild_id,
+        channel_id,
+        min(message_ids),
+        max(message_ids),
+        list(message_ids),
+        sorted(set(author_ids)),
+        started_at,
+        ended_at,
+        text,
+    )
+    await conn.execute(
+        "UPDATE chat_messages SET chunk_id = $3 WHERE channel_id = $1 AND message_id = ANY ($2::bigint[]) AND chunk_id IS NULL",
+        channel_id,
+        list(message_ids),
+        chunk_id,
+    )
+    return chunk_id
+
+
+# keeping chunks in step with Discord (call each inside a transaction) ------------------------------
+# The message row is changed first: when the chunker holds it locked, the change waits for the
+# chunker to commit and then sees the new chunk, which the next statement (a fresh snapshot) deletes.
+# The other messages of a deleted chunk are free again (ON DELETE SET NULL) and are chunked anew.
+
+async def edit_chat_message_rechunk(conn: Connection, channel_id: int, message_id: int, text: str, edited_at: datetime) -> bool:
+    """Change a stored message; if its text changed, the chunk it was part of goes (it is rebuilt in the background)."""
+    row = await conn.fetchrow(
+        "SELECT text, chunk_id FROM chat_messages WHERE channel_id = $1 AND message_id = $2 FOR UPDATE", channel_id, message_id
+    )
+    if row is None:
+        return False
+    await conn.execute(
+        "UPDATE chat_messages SET text = $3, edited_at = $4 WHERE channel_id = $1 AND message_id = $2",
+        channel_id,
+        message_id,
+        text,
+        edited_at,
+    )
+    if row["chunk_id"] is not None and row["text"] != text:
+        await conn.execute("DELETE FROM history_chunks WHERE id = $1", row["chunk_id"])
+    return True
+
+
+async def delete_chat_messages_rechunk(conn: Connection, channel_id: int, message_ids: Sequence[int]) -> int:
+    """Delete stored messages and the chunks they were part of."""
+    rows = await conn.fetch(
+        "DELETE FROM chat_messages WHERE channel_id = $1 AND message_id = ANY ($2::bigint[]) RETURNING chunk_id",
+        channel_id,
+        list(message_ids),
+    )
+    chunks = sorted({row["chunk_id"] for row in rows if row["chunk_id"] is not None})
+    if chunks:
+        await conn.execute("DELETE FROM history_chunks WHERE id = ANY ($1::bigint[])", chunks)
+    return len(rows)
+
+
+async def delete_channel_history(conn: Connection, channel_id: int) -> int:
+    """A deleted channel or thread: its chunks and its history-recall switch (after its messages are gone)."""
+    await conn.execute("DELETE FROM history_channels WHERE channel_id = $1", channel_id)
+    status = await conn.execute("DELETE FROM history_chunks WHERE channel_id = $1", channel_id)
+    return int(status.split()[-1])
+
+
+async def delete_user_history(conn: Connection, user_id: int) -> int:
+    """/privacy delete-my-data: every chunk a user's message is part of (the others' messages are chunked anew).
+
+    Locks the user's messages first, so the chunker cannot put them into a new chunk meanwhile; delete
+    them in the same transaction (`delete_user_chat_data`).
+    """
+    rows = await conn.fetch("SELECT chunk_id FROM chat_messages WHERE author_id = $1 FOR UPDATE", user_id)
+    chunks = sorted({row["chunk_id"] for row in rows if row["chunk_id"] is not None})
+    if not chunks:
+        return 0
+    status = await conn.execute("DELETE FROM history_chunks WHERE id = ANY ($1::bigint[])", chunks)
+    return int(status.split()[-1])
+
+
+async def forget_guild_chat(conn: Connection, guild_id: int) -> dict[str, int]:
+    """The bot left a server: its stored messages, chunks, receipts and history switches go.
+
+    Memories, documents and settings stay: admins curated them, and they are back if the bot is invited again.
+    """
+
+    def count(status: str) -> int:
+        return int(status.split()[-1])
+
+    messages = count(await conn.execute("DELETE FROM chat_messages WHERE guild_id = $1", guild_id))
+    return {
+        "chat_messages": messages,
+        "history_chunks": count(await conn.execute("DELETE FROM history_chunks WHERE guild_id = $1", guild_id)),
+        "receipts": count(await conn.execute("DELETE FROM reply_receipts WHERE guild_id = $1", guild_id)),
+        "history_channels": count(await conn.execute("DELETE FROM history_channels WHERE guild_id = $1", guild_id)),
+    }
+
+
+# history recall ----------------------------------------------------------------------------------
+
+HISTORY_SEARCH_SQL = """
+WITH window_start AS (
+    SELECT min(message_id) AS message_id FROM (
+        SELECT message_id FROM chat_messages WHERE channel_id = $1 AND message_id <= $2
+        ORDER BY message_id DESC LIMIT $3
+    ) AS w
+)
+SELECT c.id, c.first_message_id, c.last_message_id, cardinality(c.message_ids) AS messages, c.started_at, c.ended_at,
+       c.text, 1 - (v.embedding <=> $4::vector) AS similarity
+FROM history_chunks c JOIN history_chunk_vectors v ON v.chunk_id = c.id AND v.space_id = $5
+WHERE c.channel_id = $1
+  AND c.last_message_id < coalesce((SELECT message_id FROM window_start), $2)
+  AND vector_dims(v.embedding) = vector_dims($4::vector)
+ORDER BY similarity DESC, c.id
+LIMIT $6
+"""
+
+
+async def search_history(
+    conn: Connection,
+    *,
+    channel_id: int,
+    answered_message_id: int,
+    context_messages: int,
+    space: int,
+    vector: np.ndarray,
+    limit: int,
+) -> list[asyncpg.Record]:
+    """The chunks of a channel closest to `vector`, best first, none overlapping the context window (read-behind).
+
+    The window is recomputed here rather than trusted from chunking time: deleting recent messages
+    pulls older (already chunked) ones back into it, and those must not come twice.
+    """
+    return await conn.fetch(HISTORY_SEARCH_SQL, channel_id, answered_message_id, context_messages, vector, space, limit)
+
+
+async def set_history_recall(conn: Connection, channel_id: int, guild_id: int | None, enabled: bool) -> None:
+    await conn.execute(
+        "INSERT INTO history_channels (channel_id, guild_id, recall_enabled) VALUES ($1, $2, $3)"
+        " ON CONFLICT (channel_id) DO UPDATE SET recall_enabled = EXCLUDED.recall_enabled, updated_at = now()",
+        channel_id,
+        guild_id,
+        enabled,
+    )
+
+
+async def history_recall_enabled(conn: Connection, channel_ids: Sequence[int]) -> bool:
+    """The switch of the first of `channel_ids` that has one (a thread, then its parent); on by default."""
+    rows = await conn.fetch(
+        "SELECT channel_id, recall_enabled FROM history_channels WHERE channel_id = ANY ($1::bigint[])", list(channel_ids)
+    )
+    found = {row["channel_id"]: row["recall_enabled"] for row in rows}
+    return next((found[channel] for channel in channel_ids if channel in found), True)
+
+
+async def history_recall_off_channels(conn: Connection, guild_id: int) -> list[int]:
+    rows = await conn.fetch(
+        "SELECT channel_id FROM history_channels WHERE guild_id = $1 AND NOT recall_enabled ORDER BY channel_id", guild_id
+    )
+    return [row["channel_id"] for row in rows]
+
+
+async def history_overview(conn: Connection, channel_id: int, space: int | None) -> asyncpg.Record:
+    """Chunks of a channel, how many have a vector in `space`, and how many messages are in no chunk yet."""
+    return await conn.fetchrow(
+        "SELECT (SELECT count(*) FROM history_chunks WHERE channel_id = $1) AS chunks,"
+        " (SELECT count(*) FROM history_chunks c JOIN history_chunk_vectors v ON v.chunk_id = c.id AND v.space_id = $2"
+        "  WHERE c.channel_id = $1) AS embedded,"
+        " (SELECT count(*) FROM chat_messages WHERE channel_id = $1 AND chunk_id IS NULL) AS unchunked",
+        channel_id,
+        space if space is not None else -1,
+    )
+
+
+# documents ---------------------------------------------------------------------------------------
+
+async def insert_document(
+    conn: Connection,
+    *,
+    guild_id: int,
+    name: str,
+    size_bytes: int,
+    sha256: str,
+    added_by: int | None,
+    created_at: datetime,
+    passages: Sequence[tuple[str, str]],
+) -> tuple[int, bool]:
+    """Store a document and its (section, text) passages; one with the same name is replaced. Returns (id, replaced)."""
+    replaced = await conn.execute("DELETE FROM documents WHERE guild_id = $1 AND name = $2", guild_id, name)
+    document_id = await conn.fetchval(
+        "INSERT INTO documents (guild_id, name, size_bytes, sha256, added_by, created_at) VALUES ($1, $2, $3, $4, $5, $6)"
+        " RETURNING id",
+        guild_id,
+        name,
+        size_bytes,
+        sha256,
+        added_by,
+        created_at,
+    )
+    await conn.executemany(
+        "INSERT INTO document_passages (document_id, guild_id, ordinal, section, text) VALUES ($1, $2, $3, $4, $5)",
+        [(document_id, guild_id, ordinal, section, text) for ordinal, (section, text) in enumerate(passages)],
+    )
+    return document_id, replaced.endswith(" 1")
+
+
+async def document_passages_for_embedding(conn: Connection, document_id: int) -> list[tuple[int, str]]:
+    items, _, _, text = VECTOR_KINDS["passage"]
+    rows = await conn.fetch(
+        f"SELECT i.id, {text} AS text FROM {items} i WHERE i.document_id = $1 ORDER BY i.ordinal", document_id
+    )
+    return [(row["id"], row["text"]) for row in rows]
+
+
+async def documents_of_guild(conn: Connection, guild_id: int, space: int | None) -> list[asyncpg.Record]:
+    """A server's documents, oldest first, with their passage counts and how many have a vector in `space`."""
+    return await conn.fetch(
+        "SELECT d.id, d.name, d.size_bytes, d.added_by, d.created_at,"
+        " (SELECT count(*) FROM document_passages p WHERE p.document_id = d.id) AS passages,"
+        " (SELECT count(*) FROM document_passages p JOIN document_passage_vectors v ON v.passage_id = p.id"
+        "  AND v.space_id = $2 WHERE p.document_id = d.id) AS embedded"
+        " FROM documents d WHERE d.guild_id = $1 ORDER BY d.id",
+        guild_id,
+        space if space is not None else -1,
+    )
+
+
+async def delete_document(conn: Connection, guild_id: int, document_id: int) -> str | None:
+    """Delete a server's document (its passages and vectors go with it); returns its name, or None if there is none."""
+    return await conn.fetchval("DELETE FROM documents WHERE guild_id = $1 AND id = $2 RETURNING name", guild_id, document_id)
+
+
+async def search_passages(conn: Connection, *, guild_id: int, space: int, vector: np.ndarray, limit: int) -> list[asyncpg.Record]:
+    """The passages of a server's documents closest to `vector`, best first."""
+    return await conn.fetch(
+        "SELECT p.id, p.document_id, d.name AS document, p.ordinal, p.section, p.text,"
+        " 1 - (v.embedding <=> $3::vector) AS similarity"
+        " FROM document_passages p JOIN documents d ON d.id = p.document_id"
+        " JOIN document_passage_vectors v ON v.passage_id = p.id AND v.space_id = $2"
+        " WHERE p.guild_id = $1 AND vector_dims(v.embedding) = vector_dims($3::vector)"
+        " ORDER BY similarity DESC, p.id LIMIT $4",
+        guild_id,
+        space,
+        vector,
+        limit,
+    )
+
+
+# receipts ----------------------------------------------------------------------------------------
+
+async def memories_by_id(conn: Connection, memory_ids: Iterable[int]) -> list[Memory]:
+    rows = await conn.fetch(
+        f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ANY ($1::bigint[]) ORDER BY id", sorted(set(memory_ids))
+    )
+    return [Memory.from_row(row) for row in rows]
+
+
+async def receipt_for_message(conn: Connection, message_id: int) -> dict[str, Any] | None:
+    """The receipt of the reply to `message_id`, or of the message the bot's reply `message_id` answered.
+
+    Receipts are keyed by the message answered; people copy the link of the bot's reply, which
+    is stored as a chat message that replies to (references) the answered one.
+    """
+    raw = await conn.fetchval(
+        "SELECT receipt FROM reply_receipts WHERE message_id = $1"
+        "   OR message_id = (SELECT reply_to FROM chat_messages WHERE message_id = $1 AND reply_to IS NOT NULL LIMIT 1)"
+        " ORDER BY (message_id = $1) DESC, id DESC LIMIT 1",
+        message_id,
+    )
+    if raw is None:
+        return None
+    return json.loads(raw) if isinstance(raw, str) else raw

@@ -25,6 +25,12 @@ def context_words(texts: Iterable[str]) -> list[str]:
     return sorted(words)
 
 
+def shown(value: object, limit: int = 40) -> str:
+    """A bad value as an error message quotes it: repr (so invisible characters show), cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def normalize_tags(tags: Iterable[str]) -> tuple[str, ...]:
     """Lowercase, strip '#', drop duplicates; raise ValueError naming the first bad tag."""
     seen: dict[str, None] = {}
@@ -33,22 +39,28 @@ def normalize_tags(tags: Iterable[str]) -> tuple[str, ...]:
         if not tag:
             continue
         if not TAG_PATTERN.match(tag):
-            raise ValueError(f"tag {raw!r} must be one word of letters, digits, '-' or '_' (at most 32)")
+            raise ValueError(f"tag {shown(raw)} must be one word of letters, digits, '-' or '_' (at most 32)")
         seen[tag] = None
     if len(seen) > MAX_TAGS:
         raise ValueError(f"a memory can have at most {MAX_TAGS} tags")
     return tuple(seen)
 
 
+INVISIBLE_CATEGORIES = frozenset({"Cf", "Zs", "Zl", "Zp"})  # format marks (zero-width, RTL/LTR marks) and spaces
+
+
 def clean_text(text: str, max_chars: int) -> str:
     """The stored form of a memory text, or ValueError saying why it cannot be stored.
 
     Trimmed; control characters other than newline and tab are removed (they cannot be seen
-    and would only smuggle formatting into prompts).
+    and would only smuggle formatting into prompts), and so are lone surrogates (an import file can
+    spell them as \\ud800; they are not text and PostgreSQL refuses them). A text made only of
+    spaces and invisible marks (zero-width spaces, right-to-left marks) is empty: nobody could read
+    or find it. Such marks inside real text stay: right-to-left scripts need them.
     """
-    kept = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) != "Cc")
+    kept = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
     kept = kept.strip()
-    if not kept:
+    if not kept or all(ch.isspace() or unicodedata.category(ch) in INVISIBLE_CATEGORIES for ch in kept):
         raise ValueError("the memory text is empty")
     if len(kept) > max_chars:
         raise ValueError(f"the memory text has {len(kept)} characters; the limit is {max_chars}")

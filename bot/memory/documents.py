@@ -1,0 +1,294 @@
+"""Documents (issue 4 item 2): a server's `.txt` / `.md` files, split into passages, found by meaning.
+
+An admin uploads a file (`/documents add`); it is split into passages of about PASSAGE_TOKENS
+tokens along its paragraphs and Markdown headings (the heading path becomes the passage's
+section), the passages are embedded in the current embedding space, and every reply in that
+server searches them with its one query embedding. Documents do not decay and do not depend on
+MEMORY_DECAY_ENABLED: they are reference material, searched whenever the embedder works.
+
+Re-adding a file with the same name replaces it in one transaction. Passages that could not be
+embedded at once (provider down) are "waiting for vector" and the background task embeds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import unicodedata
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+
+from bot.config import Settings
+from bot.memory import store
+from bot.memory.embeddings import EmbeddingError
+from bot.memory.recall import MemoryCore
+from bot.prompt import count_tokens, encoding
+
+log = logging.getLogger(__name__)
+
+SUFFIXES = (".txt", ".md", ".markdown")
+MAX_DOCUMENTS_PER_SERVER = 50
+MAX_NAME_CHARS = 100
+PASSAGE_TOKENS = 200  # a passage grows by whole paragraphs up to about this size
+PASSAGE_MAX_TOKENS = 320  # a longer paragraph is split by sentences, a longer sentence cut
+HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+")
+
+
+class DocumentError(ValueError):
+    """The file cannot be added; the message says why in one sentence."""
+
+
+def embedding_batch(settings: Settings) -> int:
+    """Passages and chunks are several times longer than memories: smaller batches keep each call under its deadline."""
+    return max(1, settings.embedding_batch_size // 4)
+
+
+def clean_name(filename: str) -> str:
+    name = " ".join(filename.replace("/", " ").replace("\\", " ").split())
+    if not name.lower().endswith(SUFFIXES):
+        raise DocumentError(f"only .txt and .md files can be added; {name or 'this file'} is neither")
+    if len(name) > MAX_NAME_CHARS:
+        raise DocumentError(f"the file name has {len(name)} characters; the limit is {MAX_NAME_CHARS}")
+    return name
+
+
+def decode_document(raw: bytes) -> str:
+    """The file as text: UTF-8 (a BOM is fine), no binary content, control characters removed."""
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise DocumentError("the file is not UTF-8 text; save it as UTF-8 and add it again") from None
+    if "\x00" in text:
+        raise DocumentError("the file looks binary, not text; add a .txt or .md file")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) != "Cc")
+    if not text.strip():
+        raise DocumentError("the file is empty")
+    return text
+
+
+def _cut_tokens(text: str, limit: int) -> list[str]:
+    """A text over `limit` tokens in pieces of at most `limit` tokens (a last resort for one huge sentence)."""
+    tokens = encoding().encode(text, disallowed_special=())
+    return [encoding().decode(tokens[start : start + limit]).strip() for start in range(0, len(tokens), limit)]
+
+
+def _split_block(block: str) -> list[str]:
+    """A paragraph within PASSAGE_MAX_TOKENS, else its sentences grouped up to PASSAGE_TOKENS."""
+    if count_tokens(block) <= PASSAGE_MAX_TOKENS:
+        return [block]
+    pieces: list[str] = []
+    for sentence in SENTENCE_END.split(block):
+        pieces += [sentence] if count_tokens(sentence) <= PASSAGE_MAX_TOKENS else _cut_tokens(sentence, PASSAGE_TOKENS)
+    grouped: list[str] = []
+    for piece in pieces:
+        if grouped and count_tokens(grouped[-1] + " " + piece) <= PASSAGE_TOKENS:
+            grouped[-1] += " " + piece
+        else:
+            grouped.append(piece)
+    return [piece for piece in grouped if piece.strip()]
+
+
+def split_passages(text: str) -> list[tuple[str, str]]:
+    """(section, text) passages of a document, in order.
+
+    Paragraphs (blank-line separated) are kept whole where they fit; a Markdown heading closes the
+    passage before it and names the ones after it ("Rules › Spam" for a `##` under a `#`).
+    """
+    passages: list[tuple[str, str]] = []
+    headings: list[tuple[int, str]] = []
+    current: list[str] = []
+
+    def section() -> str:
+        return " › ".join(title for _, title in headings)
+
+    def close() -> None:
+        if current:
+            passages.append((section(), "\n\n".join(current)))
+            current.clear()
+
+    blocks: list[str] = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        lines = paragraph.strip("\n").split("\n")
+        buffer: list[str] = []
+        for line in lines:  # a heading line is its own block even without blank lines around it
+            if HEADING.match(line.strip()):
+                if buffer:
+                    blocks.append("\n".join(buffer))
+                    buffer = []
+                blocks.append(line.strip())
+            else:
+                buffer.append(line.rstrip())
+        if buffer:
+            blocks.append("\n".join(buffer))
+
+    for block in blocks:
+        if not block.strip():
+            continue
+        heading = HEADING.match(block)
+        if heading and "\n" not in block:
+            close()
+            level = len(heading.group(1))
+            headings[:] = [(lvl, title) for lvl, title in headings if lvl < level] + [(level, heading.group(2).strip())]
+            continue
+        for piece in _split_block(block.strip()):
+            if current and count_tokens("\n\n".join([*current, piece])) > PASSAGE_TOKENS:
+                close()
+            current.append(piece)
+    close()
+    return passages
+
+
+@dataclass(frozen=True)
+class AddedDocument:
+    id: int
+    name: str
+    passages: int
+    embedded: int
+    replaced: bool
+
+
+@dataclass(frozen=True)
+class DocumentInfo:
+    id: int
+    name: str
+    size_bytes: int
+    passages: int
+    embedded: int
+    added_by: int | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class DocumentHit:
+    passage_id: int
+    document_id: int
+    document: str
+    section: str
+    text: str
+    similarity: float
+
+
+@dataclass(frozen=True)
+class DocumentSearch:
+    hits: list[DocumentHit]
+    searched: int  # passages scored (0: this server has no embedded passage)
+    best_below: float | None  # best similarity under DOCUMENT_MIN_SIMILARITY
+
+
+class DocumentLibrary:
+    """Add, list, delete and search a server's documents."""
+
+    def __init__(self, core: MemoryCore) -> None:
+        self.core = core
+
+    @property
+    def settings(self) -> Settings:
+        return self.core.settings
+
+    async def add(self, guild_id: int, filename: str, raw: bytes, *, by: int | None) -> AddedDocument:
+        """Check, split, store (replacing a document of the same name) and embed what can be embedded now."""
+        name = clean_name(filename)
+        limit = self.settings.document_max_bytes
+        if len(raw) > limit:
+            raise DocumentError(f"the file has {len(raw):,} bytes; documents are limited to {limit:,} (DOCUMENT_MAX_BYTES)")
+        passages = split_passages(decode_document(raw))
+        if not passages:
+            raise DocumentError("the file has no text to search")
+        async with self.core.pool.acquire() as conn, conn.transaction():
+            await store.lock_list(conn, f"documents:{guild_id}")
+            existing = await store.documents_of_guild(conn, guild_id, None)
+            if len(existing) >= MAX_DOCUMENTS_PER_SERVER and name not in {row["name"] for row in existing}:
+                raise DocumentError(f"a server can have at most {MAX_DOCUMENTS_PER_SERVER} documents; delete one first")
+            document_id, replaced = await store.insert_document(
+                conn,
+                guild_id=guild_id,
+                name=name,
+                size_bytes=len(raw),
+                sha256=hashlib.sha256(raw).hexdigest(),
+                added_by=by,
+                created_at=self.core.clock.now().astimezone(UTC),
+                passages=passages,
+            )
+        embedded = await self._embed_document(document_id)
+        return AddedDocument(document_id, name, len(passages), embedded, replaced)
+
+    async def _embed_document(self, document_id: int) -> int:
+        """Embed a new document's passages in batches; stop at the first failure (the background task goes on later)."""
+        space = await self.core.space_id()
+        if space is None:
+            return 0
+        async with self.core.pool.acquire() as conn:
+            items = await store.document_passages_for_embedding(conn, document_id)
+        done = 0
+        size = embedding_batch(self.settings)
+        for start in range(0, len(items), size):
+            batch = items[start : start + size]
+            try:
+                vectors = await self.core.embedder.embed([text for _, text in batch])
+            except EmbeddingError as exc:
+                log.warning("Document %s: embedding paused after %d of %d passages: %s", document_id, done, len(items), exc)
+                self.core.vectors_wanted.set()
+                break
+            async with self.core.pool.acquire() as conn:
+                for (passage_id, _), vector in zip(batch, vectors, strict=True):
+                    done += await store.store_item_vector(conn, "passage", passage_id, space, vector)
+        return done
+
+    async def list(self, guild_id: int) -> list[DocumentInfo]:
+        space = await self.core.space_id()
+        async with self.core.pool.acquire() as conn:
+            rows = await store.documents_of_guild(conn, guild_id, space)
+        return [
+            DocumentInfo(
+                id=row["id"],
+                name=row["name"],
+                size_bytes=row["size_bytes"],
+                passages=row["passages"],
+                embedded=row["embedded"],
+                added_by=row["added_by"],
+                created_at=row["created_at"],
+            )
+            for row in rows
+        ]
+
+    async def delete(self, guild_id: int, document_id: int) -> str:
+        async with self.core.pool.acquire() as conn:
+            name = await store.delete_document(conn, guild_id, document_id)
+        if name is None:
+            raise DocumentError(f"there is no document #{document_id} in this server")
+        return name
+
+    async def search(self, guild_id: int, query_vector: np.ndarray) -> DocumentSearch:
+        """The passages of this server's documents that match the reply's query embedding (never embeds itself)."""
+        space = await self.core.space_id()
+        if space is None:
+            return DocumentSearch([], 0, None)
+        async with self.core.pool.acquire() as conn:
+            rows = await store.search_passages(
+                conn, guild_id=guild_id, space=space, vector=query_vector, limit=self.settings.document_max_results + 1
+            )
+        threshold = self.settings.document_min_similarity
+        hits = [
+            DocumentHit(
+                passage_id=row["id"],
+                document_id=row["document_id"],
+                document=row["document"],
+                section=row["section"],
+                text=row["text"],
+                similarity=float(row["similarity"]),
+            )
+            for row in rows
+            if float(row["similarity"]) >= threshold
+        ][: self.settings.document_max_results]
+        below = [float(row["similarity"]) for row in rows if float(row["similarity"]) < threshold]
+        return DocumentSearch(hits, len(rows), max(below) if below else None)
+
+
+def describe_size(size: int) -> str:
+    return f"{size / 1024:.1f} KiB" if size >= 1024 else f"{size} bytes"
+

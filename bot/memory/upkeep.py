@@ -1,0 +1,198 @@
+"""Vectors in the current embedding space for everything searchable, and the background work that keeps them.
+
+One pass (`Upkeep.rebuild`) does, in order:
+1. chunks the chat history that left its context window (`HistoryIndex.chunk_pending`);
+2. embeds, in batches, every memory, chunk and document passage that has no vector in the current
+   embedding space ("waiting for vector");
+3. deletes the vectors of other spaces of every item that now has one in the current space.
+
+The pass works from "what has no vector in the current space", so it is naturally resumable: a
+pass stopped by a crash, a restart or a failing provider continues where it stopped, and never
+embeds twice what it already did. Searches only ever read the current space, so vectors of an
+old model are never searched, whatever state a pass is in.
+
+The same pass runs in the background (`run`: at start, when something was stored without a
+vector, and every REEMBED_INTERVAL_S) and on demand with progress (`/settings embeddings
+rebuild`, `python -m bot reembed`). A lock keeps one pass at a time per process; several
+processes may overlap safely (a vector stored twice is simply overwritten).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from bot.memory import store
+from bot.memory.documents import embedding_batch
+from bot.memory.embeddings import EmbeddingError
+from bot.memory.history import HistoryIndex
+from bot.memory.recall import MemoryCore
+
+log = logging.getLogger(__name__)
+
+KINDS = ("memories", "chunks", "passages")
+ITEM_KIND = {"chunks": "chunk", "passages": "passage"}
+
+
+@dataclass
+class Count:
+    done: int = 0
+    total: int = 0
+
+
+@dataclass
+class RebuildProgress:
+    """Where a pass stands; handed to the progress callback after every batch."""
+
+    space: str
+    counts: dict[str, Count] = field(default_factory=lambda: {kind: Count() for kind in KINDS})
+    chunks_made: int = 0
+    stale_removed: int = 0
+    finished: bool = False
+    paused: str | None = None  # why the pass stopped early (the embedding provider failed); None when it did not
+
+    @property
+    def done(self) -> int:
+        return sum(count.done for count in self.counts.values())
+
+    @property
+    def total(self) -> int:
+        return sum(max(count.total, count.done) for count in self.counts.values())
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if self.total == 0 else min(self.done / self.total, 1.0)
+
+    def summary(self) -> str:
+        """e.g. "memories 40/40 · chat chunks 3/10 · document passages 0/5"."""
+        names = {"memories": "memories", "chunks": "chat chunks", "passages": "document passages"}
+        return " · ".join(f"{names[kind]} {count.done}/{max(count.total, count.done)}" for kind, count in self.counts.items())
+
+
+ProgressCallback = Callable[[RebuildProgress], Awaitable[None] | None]
+
+
+class Upkeep:
+    def __init__(self, core: MemoryCore, history: HistoryIndex | None = None) -> None:
+        self.core = core
+        self.history = history or HistoryIndex(core)
+        self.last_error: str | None = None  # the last embedding failure of a pass, until a pass completes
+        self._lock = asyncio.Lock()
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    async def waiting(self) -> dict[str, int]:
+        """Items without a vector in the current space, per kind (all zero without an embedder)."""
+        space = await self.core.space_id()
+        if space is None:
+            return dict.fromkeys(KINDS, 0)
+        async with self.core.pool.acquire() as conn:
+            return {
+                "memories": await store.count_waiting_for_vector(conn, space),
+                "chunks": await store.count_items_waiting(conn, "chunk", space),
+                "passages": await store.count_items_waiting(conn, "passage", space),
+            }
+
+    async def rebuild(self, progress: ProgressCallback | None = None) -> RebuildProgress:
+        """One pass (see the module docstring). Stops at the first embedding failure; the next pass resumes."""
+        async with self._lock:
+            return await self._pass(progress)
+
+    async def _pass(self, progress: ProgressCallback | None) -> RebuildProgress:
+        embedder_space = self.core.embedder.space
+        state = RebuildProgress(space=str(embedder_space) if embedder_space else "none")
+        state.chunks_made = await self.history.chunk_pending()
+        space = await self.core.space_id()
+        if space is None:
+            state.paused = "no embedding provider is configured (EMBEDDING_PROVIDER=none)"
+            state.finished = True
+            await _call(progress, state)
+            return state
+        for kind, waiting in (await self.waiting()).items():
+            state.counts[kind].total = waiting
+        await _call(progress, state)
+        try:
+            await self._embed_memories(space, state, progress)
+            for kind in ("chunks", "passages"):
+                await self._embed_items(kind, space, state, progress)
+        except EmbeddingError as exc:
+            state.paused = str(exc)
+            self.last_error = str(exc)
+            log.warning("Embedding paused (%s); the next pass resumes: %s", state.summary(), exc)
+        else:
+            self.last_error = None
+        async with self.core.pool.acquire() as conn:
+            state.stale_removed = await store.delete_stale_vectors(conn, space)
+            for kind in ("chunk", "passage"):
+                state.stale_removed += await store.delete_stale_item_vectors(conn, kind, space)
+        state.finished = True
+        if state.done or state.stale_removed:
+            log.info("Vectors in %s: %s; %d vectors of other models removed", state.space, state.summary(), state.stale_removed)
+        await _call(progress, state)
+        return state
+
+    async def _embed_memories(self, space: int, state: RebuildProgress, progress: ProgressCallback | None) -> None:
+        """Like `MemoryCore.reembed_missing`, but failures propagate so the pass can say why it paused."""
+        skipped: set[int] = set()  # edited or deleted meanwhile: the next pass picks them up (or they are gone)
+        size = self.core.settings.embedding_batch_size
+        while True:
+            async with self.core.pool.acquire() as conn:
+                batch = await store.memories_waiting_for_vector(conn, space, size + len(skipped))
+            batch = [(memory_id, text) for memory_id, text in batch if memory_id not in skipped][:size]
+            if not batch:
+                return
+            vectors = await self.core.embedder.embed([text for _, text in batch])
+            async with self.core.pool.acquire() as conn, conn.transaction():
+                for (memory_id, text), vector in zip(batch, vectors, strict=True):
+                    if await store.store_vector(conn, memory_id, space, vector, text):
+                        state.counts["memories"].done += 1
+                    else:
+                        skipped.add(memory_id)
+            await _call(progress, state)
+
+    async def _embed_items(self, kind: str, space: int, state: RebuildProgress, progress: ProgressCallback | None) -> None:
+        item_kind = ITEM_KIND[kind]
+        skipped: set[int] = set()
+        size = embedding_batch(self.core.settings)
+        while True:
+            async with self.core.pool.acquire() as conn:
+                batch = await store.items_waiting_for_vector(conn, item_kind, space, size + len(skipped))
+            batch = [(item_id, text) for item_id, text in batch if item_id not in skipped][:size]
+            if not batch:
+                return
+            vectors = await self.core.embedder.embed([text for _, text in batch])
+            async with self.core.pool.acquire() as conn:
+                for (item_id, _), vector in zip(batch, vectors, strict=True):
+                    if await store.store_item_vector(conn, item_kind, item_id, space, vector):
+                        state.counts[kind].done += 1
+                    else:
+                        skipped.add(item_id)
+            await _call(progress, state)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Background task: a pass at start, whenever something was stored without a vector, and periodically."""
+        while not stop.is_set():
+            try:
+                await self.rebuild()
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("Background vector upkeep failed, will retry: %s", exc)
+            self.core.vectors_wanted.clear()
+            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.core.vectors_wanted.wait())]
+            await asyncio.wait(waiters, timeout=self.core.settings.reembed_interval_s, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+
+
+async def _call(progress: ProgressCallback | None, state: RebuildProgress) -> None:
+    if progress is None:
+        return
+    result = progress(state)
+    if inspect.isawaitable(result):
+        await result
