@@ -14,11 +14,12 @@ it added nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from bot.memory.documents import DocumentLibrary
-from bot.memory.history import HistoryIndex
+from bot.memory.documents import DocumentHit, DocumentLibrary
+from bot.memory.history import HistoryHit, HistoryIndex
 from bot.memory.models import Recall
 from bot.pipeline import DOCUMENT_KIND, HISTORY_KIND, IncomingMessage, TailReport, TailSource
 from bot.prompt import TailItem, count_tokens, encoding, quoted
@@ -60,6 +61,76 @@ def _search_failed(recall: Recall) -> str:
     return f"the search failed: {recall.failure or 'no query embedding'}"
 
 
+def _no_hits_note(
+    searched: int, best_below: float | None, nothing_searched: str, what: str, setting: str, threshold: float
+) -> str:
+    """Why a search added nothing: nothing to search yet, or the best match was under the setting's threshold."""
+    if searched == 0:
+        return nothing_searched
+    return f"nothing relevant: the best {what} scored {best_below:.2f}, under {setting} {threshold:g}"
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """One search hit as the budget loop sees it: both sources fill their budget the same way."""
+
+    ident: tuple[str, int]  # ("chunk_id", 12): first in the receipt's meta, and what a skipped entry names
+    key: str
+    similarity: float
+    body: str
+    render: Callable[[str], str]  # the item's JSON line around a (possibly cut) body
+    lead: dict[str, object] = field(default_factory=dict)  # receipt meta before the similarity
+    trail: dict[str, object] = field(default_factory=dict)  # receipt meta after the token count and the cut flag
+
+
+def _fill(report: TailReport, kind: str, budget: int, candidates: list[_Candidate], full_note: str) -> TailReport:
+    """Add `candidates` (best first) to `report` within `budget` tokens, cutting one to fit where a useful piece does."""
+    room = budget
+    skipped: list[dict[str, Any]] = []
+    for candidate in candidates:
+        id_name, id_value = candidate.ident
+        similarity = round(candidate.similarity, 4)
+        fitted = fit(candidate.render, candidate.body, room)
+        if fitted is None:
+            skipped.append({id_name: id_value, "similarity": similarity})
+            continue
+        text, cut = fitted
+        tokens = item_tokens(text)
+        room -= tokens
+        meta = {id_name: id_value, **candidate.lead, "similarity": similarity, "tokens": tokens, "cut": cut, **candidate.trail}
+        report.items.append(TailItem(kind=kind, key=candidate.key, text=text, score=candidate.similarity, meta=meta))
+    report.detail = {"budget": budget, "skipped_for_budget": skipped}
+    if not report.items:
+        report.note = full_note
+    return report
+
+
+def _chat_candidate(hit: HistoryHit) -> _Candidate:
+    when = _when(hit.started_at, hit.ended_at)
+
+    def render(body: str) -> str:
+        return quoted({"when": when, "messages": hit.messages, "chat": body})
+
+    return _Candidate(
+        ("chunk_id", hit.chunk_id), f"history:{hit.chunk_id}", hit.similarity, hit.text, render,
+        trail={"when": when, "messages": hit.messages},
+    )
+
+
+def _passage_candidate(hit: DocumentHit) -> _Candidate:
+    def render(body: str) -> str:
+        shown: dict[str, object] = {"document": hit.document}
+        if hit.section:
+            shown["section"] = hit.section
+        shown["text"] = body
+        return quoted(shown)
+
+    return _Candidate(
+        ("passage_id", hit.passage_id), f"passage:{hit.passage_id}", hit.similarity, hit.text, render,
+        lead={"document": hit.document, "section": hit.section},
+    )
+
+
 def history_source(history: HistoryIndex) -> TailSource:
     """Older messages of this channel (outside the context window) that match the message being answered."""
 
@@ -83,49 +154,13 @@ def history_source(history: HistoryIndex) -> TailSource:
             report.note = "history recall is off in this channel; its messages are still stored"
             return report
         if not found.hits:
-            if found.searched == 0:
-                report.note = "no older chat of this channel is chunked and embedded yet"
-            else:
-                report.note = (
-                    f"nothing relevant: the best older chat scored {found.best_below:.2f}, "
-                    f"under HISTORY_MIN_SIMILARITY {settings.history_min_similarity:g}"
-                )
-            return report
-        room = budget
-        skipped: list[dict[str, Any]] = []
-        for hit in found.hits:
-            when = _when(hit.started_at, hit.ended_at)
-
-            def render(body: str, when: str = when, messages: int = hit.messages) -> str:
-                return quoted({"when": when, "messages": messages, "chat": body})
-
-            fitted = fit(render, hit.text, room)
-            if fitted is None:
-                skipped.append({"chunk_id": hit.chunk_id, "similarity": round(hit.similarity, 4)})
-                continue
-            text, cut = fitted
-            tokens = item_tokens(text)
-            room -= tokens
-            report.items.append(
-                TailItem(
-                    kind=HISTORY_KIND,
-                    key=f"history:{hit.chunk_id}",
-                    text=text,
-                    score=hit.similarity,
-                    meta={
-                        "chunk_id": hit.chunk_id,
-                        "similarity": round(hit.similarity, 4),
-                        "tokens": tokens,
-                        "cut": cut,
-                        "when": when,
-                        "messages": hit.messages,
-                    },
-                )
+            report.note = _no_hits_note(
+                found.searched, found.best_below, "no older chat of this channel is chunked and embedded yet",
+                "older chat", "HISTORY_MIN_SIMILARITY", settings.history_min_similarity,
             )
-        report.detail = {"budget": budget, "skipped_for_budget": skipped}
-        if not report.items:
-            report.note = f"the history budget was full (HISTORY_TOKEN_BUDGET {budget})"
-        return report
+            return report
+        candidates = [_chat_candidate(hit) for hit in found.hits]
+        return _fill(report, HISTORY_KIND, budget, candidates, f"the history budget was full (HISTORY_TOKEN_BUDGET {budget})")
 
     recalled_chat_history.section = "history"  # type: ignore[attr-defined]  # the receipt's name for it, also on failure
     return recalled_chat_history
@@ -149,52 +184,13 @@ def document_source(documents: DocumentLibrary) -> TailSource:
             return report
         found = await documents.search(message.guild_id, recall.query_vector)
         if not found.hits:
-            if found.searched == 0:
-                report.note = "this server has no embedded documents"
-            else:
-                report.note = (
-                    f"nothing relevant: the best passage scored {found.best_below:.2f}, "
-                    f"under DOCUMENT_MIN_SIMILARITY {settings.document_min_similarity:g}"
-                )
-            return report
-        room = budget
-        skipped: list[dict[str, Any]] = []
-        for hit in found.hits:
-
-            def render(body: str, name: str = hit.document, section: str = hit.section) -> str:
-                shown: dict[str, object] = {"document": name}
-                if section:
-                    shown["section"] = section
-                shown["text"] = body
-                return quoted(shown)
-
-            fitted = fit(render, hit.text, room)
-            if fitted is None:
-                skipped.append({"passage_id": hit.passage_id, "similarity": round(hit.similarity, 4)})
-                continue
-            text, cut = fitted
-            tokens = item_tokens(text)
-            room -= tokens
-            report.items.append(
-                TailItem(
-                    kind=DOCUMENT_KIND,
-                    key=f"passage:{hit.passage_id}",
-                    text=text,
-                    score=hit.similarity,
-                    meta={
-                        "passage_id": hit.passage_id,
-                        "document": hit.document,
-                        "section": hit.section,
-                        "similarity": round(hit.similarity, 4),
-                        "tokens": tokens,
-                        "cut": cut,
-                    },
-                )
+            report.note = _no_hits_note(
+                found.searched, found.best_below, "this server has no embedded documents",
+                "passage", "DOCUMENT_MIN_SIMILARITY", settings.document_min_similarity,
             )
-        report.detail = {"budget": budget, "skipped_for_budget": skipped}
-        if not report.items:
-            report.note = f"the document budget was full (DOCUMENT_TOKEN_BUDGET {budget})"
-        return report
+            return report
+        candidates = [_passage_candidate(hit) for hit in found.hits]
+        return _fill(report, DOCUMENT_KIND, budget, candidates, f"the document budget was full (DOCUMENT_TOKEN_BUDGET {budget})")
 
     document_passages.section = "documents"  # type: ignore[attr-defined]
     return document_passages

@@ -13,7 +13,7 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot.memory.documents import DocumentError, DocumentLibrary, describe_size
-from cogs.ui import COLOUR, Refused, bot_of, can_manage, clip, reply, sentence
+from cogs.ui import COLOUR, Refused, bot_of, can_manage, clip, defer_and_read, reply, sentence
 
 
 def library_of(interaction: discord.Interaction) -> DocumentLibrary:
@@ -59,11 +59,7 @@ class Documents(commands.GroupCog, group_name="documents", group_description="Fi
         limit = library.settings.document_max_bytes
         if file.size > limit:
             raise Refused(f"the file has {file.size:,} bytes; documents are limited to {limit:,} (DOCUMENT_MAX_BYTES)")
-        await interaction.response.defer(ephemeral=True, thinking=True)
-        try:
-            raw = await file.read()
-        except discord.HTTPException as exc:
-            raise Refused(f"I could not download the file from Discord ({exc.status}); try again") from None
+        raw = await defer_and_read(interaction, file)
         try:
             added = await library.add(self.guild_id(interaction), file.filename, raw, by=interaction.user.id)
         except DocumentError as exc:

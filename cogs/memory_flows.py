@@ -25,6 +25,7 @@ from cogs.ui import (
     ask_confirmation,
     bot_of,
     clip,
+    defer_and_read,
     json_file,
     memory_choice,
     memory_embed,
@@ -199,11 +200,7 @@ async def import_flow(
     manager = manager_of(interaction)
     if attachment.size > manager.import_max_bytes:
         raise Refused(f"the file has {attachment.size:,} bytes; imports are limited to {manager.import_max_bytes:,}")
-    await interaction.response.defer(ephemeral=True, thinking=True)
-    try:
-        raw = await attachment.read()
-    except discord.HTTPException as exc:
-        raise Refused(f"I could not download the file from Discord ({exc.status}); try again") from None
+    raw = await defer_and_read(interaction, attachment)
     plan = manager.parse_import(ref, raw, known_channel_ids=known_channel_ids)
     chosen = ImportMode(mode)
     by = interaction.user.id

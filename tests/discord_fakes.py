@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -25,6 +25,11 @@ from typing import Any
 import discord
 import yarl
 from aiohttp import WSMsgType, web
+
+from bot.bot import DeskmateBot
+from bot.memory.recall import MemoryCore
+from bot.pipeline import ReplyPipeline
+from tests.fakes import serve_locally
 
 BOT_ID = 900_000_000_000_000_001
 GUILD_ID = 900_000_000_000_000_100
@@ -264,11 +269,7 @@ class FakeDiscord:
         app.router.add_get("/gateway", self._gateway)
         app.router.add_get("/attachments/{name}", self._attachment)
         app.router.add_route("*", "/api/v10/{path:.*}", self._rest)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_locally(app, shutdown_timeout=0.5)
         discord.http.Route.BASE = f"{self.base}/api/v10"
         # With a fixed SHARD_COUNT discord.py skips GET /gateway/bot and dials its built-in gateway address.
         discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(f"ws://127.0.0.1:{self.port}/gateway")
@@ -669,6 +670,20 @@ class SlashHarness:
 
     def original_message(self, payload: dict[str, Any]) -> dict[str, Any]:
         return self.fake.messages[self.fake._originals[payload["token"]]]
+
+
+@contextlib.asynccontextmanager
+async def slash_harness(core: MemoryCore) -> AsyncIterator[SlashHarness]:
+    """A `DeskmateBot` on `core` with a plain `ReplyPipeline`, logged in to a fresh `FakeDiscord` (the command tree
+    synced, the test guild cached), as a `SlashHarness`; the bot is closed afterwards."""
+    async with FakeDiscord() as fake:
+        bot = DeskmateBot(core.settings, core=core, pipeline=ReplyPipeline(core))
+        await bot.login("fake-token")
+        bot._connection._add_guild_from_data(guild_payload())
+        try:
+            yield SlashHarness(bot, fake)
+        finally:
+            await bot.close()
 
 
 def custom_ids(message: dict[str, Any]) -> dict[str, str]:

@@ -20,9 +20,41 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from aiohttp import web
+
+
+async def serve_locally(app: web.Application, **runner_options: Any) -> tuple[web.AppRunner, int]:
+    """Start `app` on 127.0.0.1 on a free port: its runner (`cleanup()` stops it) and the port it got."""
+    runner = web.AppRunner(app, **runner_options)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+class LocalEndpoint:
+    """An OpenAI-compatible endpoint on 127.0.0.1 (a free port) while in `async with`; `url` is its `/v1` base URL.
+
+    Subclasses add their routes in `app()`; `runner_options` go to aiohttp's `AppRunner`.
+    """
+
+    runner_options: ClassVar[dict[str, Any]] = {}
+    url: str = ""
+    _runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        self._runner, port = await serve_locally(self.app(), **self.runner_options)
+        self.url = f"http://127.0.0.1:{port}/v1"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
 
 
 @dataclass
@@ -88,11 +120,7 @@ class FakeChatServer:
     async def __aenter__(self) -> FakeChatServer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve_locally(app, shutdown_timeout=0.5)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -137,7 +165,7 @@ class FakeChatServer:
 
 
 @dataclass
-class FakeEmbeddingsServer:
+class FakeEmbeddingsServer(LocalEndpoint):
     """An OpenAI-compatible /v1/embeddings endpoint on 127.0.0.1 backed by the built-in model.
 
     Every request is recorded (`requests`), so tests can count embedding requests (issue 4: one per
@@ -181,17 +209,7 @@ class FakeEmbeddingsServer:
         payload = {"object": "list", "data": data, "model": body["model"], "usage": {"prompt_tokens": 1, "total_tokens": 1}}
         return web.json_response(payload)
 
-    async def __aenter__(self) -> FakeEmbeddingsServer:
+    def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/embeddings", self.handle)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}/v1"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        return app

@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import asyncpg
 import numpy as np
@@ -44,6 +44,7 @@ from bot.memory.embeddings import DeadlineEmbedder, EmbeddingSpace
 from bot.memory.models import MemoryList, Source
 from bot.memory.recall import ManualClock, MemoryCore, NewMemory
 from bot.pipeline import IncomingMessage, ReplyPipeline, UserRef
+from tests.fakes import LocalEndpoint
 
 BOT_ID = 9_000_000
 ADMIN_ID = 8_000_000
@@ -139,31 +140,22 @@ class TopicEmbedder:
 REMEMBER = re.compile(r"remember-(server|personal): (.+)$")
 
 
-class RuleChatServer:
+class RuleChatServer(LocalEndpoint):
     """An OpenAI-compatible chat endpoint on 127.0.0.1 whose answer depends only on the request.
 
     (tests/fakes.py's FakeChatServer answers from a script in arrival order, which concurrent replies
     would scramble.)
     """
 
+    runner_options: ClassVar[dict[str, Any]] = {"access_log": None, "shutdown_timeout": 0.5}
+
     def __init__(self) -> None:
         self.requests = 0
-        self._runner: web.AppRunner | None = None
-        self.url = ""
 
-    async def __aenter__(self) -> RuleChatServer:
+    def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"  # type: ignore[union-attr]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        return app
 
     async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()

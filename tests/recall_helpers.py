@@ -1,5 +1,6 @@
-"""Shared by the issue-4 tests (history, documents, receipts, rebuild): a pipeline with both tail sources
-installed, as the bot and the console wire it, and helpers to write a channel's chat history."""
+"""Shared by the pipeline and issue-4 tests (history, documents, receipts, rebuild): the test people and their
+messages, a pipeline with both tail sources installed, as the bot and the console wire it, and helpers to write a
+channel's chat history."""
 
 from __future__ import annotations
 
@@ -50,6 +51,32 @@ class FlakyEmbedder:
         return await self.inner.embed(texts)
 
 
+def message(
+    author: int,
+    text: str,
+    *,
+    clock: ManualClock,
+    at: datetime | None = None,
+    channel: int = CHANNEL,
+    guild: int | None = GUILD,
+    mentions: tuple[int, ...] = (),
+    reply_to: int | None = None,
+) -> IncomingMessage:
+    """A message by one of the test people (`NAMES`), with a new id, sent at `at` or the clock's now."""
+    return IncomingMessage(
+        message_id=next(_ids),
+        channel_id=channel,
+        author_id=author,
+        author_name=NAMES[author],
+        text=text,
+        created_at=at or clock.now(),
+        guild_id=guild,
+        is_bot=author == BOT,
+        reply_to=reply_to,
+        mentions=tuple(UserRef(user, NAMES[user], user == BOT) for user in mentions),
+    )
+
+
 @dataclass
 class World:
     pipeline: ReplyPipeline
@@ -72,17 +99,7 @@ class World:
         at: datetime | None = None,
         mentions: tuple[int, ...] = (),
     ) -> IncomingMessage:
-        return IncomingMessage(
-            message_id=next(_ids),
-            channel_id=channel,
-            author_id=author,
-            author_name=NAMES[author],
-            text=text,
-            created_at=at or self.clock.now(),
-            guild_id=guild,
-            is_bot=author == BOT,
-            mentions=tuple(UserRef(user, NAMES[user], user == BOT) for user in mentions),
-        )
+        return message(author, text, clock=self.clock, at=at, channel=channel, guild=guild, mentions=mentions)
 
     async def say(
         self,

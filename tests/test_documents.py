@@ -7,13 +7,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bot.bot import DeskmateBot
 from bot.memory.documents import PASSAGE_MAX_TOKENS, DocumentError, DocumentLibrary, split_passages
 from bot.memory.recall import ManualClock, MemoryCore
-from bot.pipeline import ReplyPipeline, ReplyStatus
+from bot.pipeline import ReplyStatus
 from bot.prompt import count_tokens
 from tests.conftest import MakeCore
-from tests.discord_fakes import ADMIN_PERMISSIONS, GUILD_ID, FakeDiscord, Person, SlashHarness, guild_payload
+from tests.discord_fakes import ADMIN_PERMISSIONS, GUILD_ID, Person, SlashHarness, slash_harness
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import GUILD, JUNO, FlakyEmbedder, World, build_world
 
@@ -49,12 +48,6 @@ def test_passages_follow_paragraphs_and_headings() -> None:
     pieces = split_passages(huge)
     assert len(pieces) > 5 and all(count_tokens(text) <= PASSAGE_MAX_TOKENS for _, text in pieces)
     assert pieces[-1][1].endswith("A short closing paragraph.")
-
-
-@pytest.fixture
-async def chat() -> AsyncIterator[FakeChatServer]:
-    async with FakeChatServer() as server:
-        yield server
 
 
 @pytest.fixture
@@ -132,15 +125,8 @@ async def test_passages_waiting_for_a_vector_are_embedded_in_the_background(make
 
 @pytest.fixture
 async def harness(make_core: MakeCore) -> AsyncIterator[SlashHarness]:
-    core: MemoryCore = await make_core()
-    async with FakeDiscord() as fake:
-        bot = DeskmateBot(core.settings, core=core, pipeline=ReplyPipeline(core))
-        await bot.login("fake-token")
-        bot._connection._add_guild_from_data(guild_payload())
-        try:
-            yield SlashHarness(bot, fake)
-        finally:
-            await bot.close()
+    async with slash_harness(await make_core()) as started:
+        yield started
 
 
 ADMIN = Person(101, "Admin", ADMIN_PERMISSIONS)

@@ -64,12 +64,6 @@ def test_messages_freed_by_an_edit_are_chunked_again_whatever_their_number() -> 
 
 
 @pytest.fixture
-async def chat() -> AsyncIterator[FakeChatServer]:
-    async with FakeChatServer() as server:
-        yield server
-
-
-@pytest.fixture
 async def world(make_core: MakeCore, clock: ManualClock, chat: FakeChatServer) -> AsyncIterator[World]:
     built = await build_world(make_core, clock, chat.base_url, context_messages=6)
     yield built

@@ -37,11 +37,11 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 
-from bot.db import create_pool, drop_database, with_database
+from bot.db import create_pool
 from bot.memory import store
+from tests.conftest import fresh_database
 from tests.load_world import (
     START,
     Day,
@@ -104,14 +104,8 @@ class ProcessWorker:
 @pytest.fixture
 async def reference_url(pg_server_url: str, template_ready: str) -> AsyncIterator[str]:
     """A second fresh database, for the sequential reference replay."""
-    name = f"t_ref_{uuid.uuid4().hex[:12]}"
-    connection = await asyncpg.connect(pg_server_url)
-    try:
-        await connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_ready}"')
-    finally:
-        await connection.close()
-    yield with_database(pg_server_url, name)
-    await drop_database(pg_server_url, name)
+    async with fresh_database(pg_server_url, template_ready, f"t_ref_{uuid.uuid4().hex[:12]}") as url:
+        yield url
 
 
 # --- expectations --------------------------------------------------------------------------------------

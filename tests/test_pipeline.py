@@ -4,7 +4,7 @@ client talking to a local OpenAI-compatible server (tests/fakes.py) that records
 from __future__ import annotations
 
 import asyncio
-import itertools
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
@@ -15,22 +15,15 @@ import pytest
 from bot.memory.models import MemoryList, Privacy, Recall, Source
 from bot.memory.recall import ManualClock, MemoryCore, NewMemory
 from bot.outgoing import ZERO_WIDTH_SPACE
-from bot.pipeline import APOLOGY, TOO_LARGE, ChangeKind, IncomingMessage, ReplyPipeline, ReplyStatus, Trigger, UserRef
+from bot.pipeline import APOLOGY, TOO_LARGE, ChangeKind, IncomingMessage, ReplyPipeline, ReplyStatus, Trigger
 from bot.prompt import TailItem, count_tokens, message_tokens
 from tests.conftest import MakeCore
 from tests.fakes import FakeChatServer
+from tests.recall_helpers import BOT, CHANNEL, GUILD, JUNO, OTHER_CHANNEL, RIN, SAM, message
 
-BOT, JUNO, SAM, RIN = 9000, 101, 102, 103
-NAMES = {BOT: "Deskmate", JUNO: "Juno", SAM: "Sam", RIN: "Rin"}
-GUILD, CHANNEL, OTHER_CHANNEL, LOG_CHANNEL = 500, 600, 601, 699
+LOG_CHANNEL = 699
 
 MakePipeline = Callable[..., Awaitable[ReplyPipeline]]
-
-
-@pytest.fixture
-async def chat() -> AsyncIterator[FakeChatServer]:
-    async with FakeChatServer() as server:
-        yield server
 
 
 @pytest.fixture
@@ -47,33 +40,6 @@ async def make_pipeline(make_core: MakeCore, chat: FakeChatServer) -> AsyncItera
     yield build
     for pipeline in built:
         await pipeline.close()
-
-
-_ids = itertools.count(1_000_000)
-
-
-def message(
-    author: int,
-    text: str,
-    *,
-    clock: ManualClock,
-    channel: int = CHANNEL,
-    guild: int | None = GUILD,
-    mentions: tuple[int, ...] = (),
-    reply_to: int | None = None,
-) -> IncomingMessage:
-    return IncomingMessage(
-        message_id=next(_ids),
-        channel_id=channel,
-        author_id=author,
-        author_name=NAMES[author],
-        text=text,
-        created_at=clock.now(),
-        guild_id=guild,
-        is_bot=author == BOT,
-        reply_to=reply_to,
-        mentions=tuple(UserRef(user, NAMES[user], user == BOT) for user in mentions),
-    )
 
 
 async def save(
@@ -490,10 +456,7 @@ async def test_trigger_uses_persona_name_auto_reply_channels_and_blocklist(
     assert await pipeline.trigger(message(BOT, "heron", clock=clock), mentions_bot=True) is None
     await pipeline.core.update_guild_settings(GUILD, auto_reply_channel_ids=[CHANNEL])
     assert await pipeline.trigger(message(SAM, "anything", clock=clock)) == Trigger.AUTO_REPLY
-    thread = IncomingMessage(
-        message_id=next(_ids), channel_id=4242, parent_channel_id=CHANNEL, author_id=SAM, author_name="Sam",
-        text="in a thread", created_at=clock.now(), guild_id=GUILD,
-    )  # fmt: skip
+    thread = dataclasses.replace(message(SAM, "in a thread", clock=clock, channel=4242), parent_channel_id=CHANNEL)
     assert await pipeline.trigger(thread) == Trigger.AUTO_REPLY
     await pipeline.core.set_blocked(GUILD, SAM, True)
     assert await pipeline.trigger(message(SAM, "heron!", clock=clock), mentions_bot=True) is None

@@ -13,23 +13,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bot.bot import DeskmateBot
 from bot.memory.embeddings import DeadlineEmbedder, EmbeddingSpace
 from bot.memory.history import HistoryIndex
 from bot.memory.models import Conversation, MemoryList, Source
 from bot.memory.recall import ManualClock, MemoryCore, NewMemory
 from bot.memory.upkeep import Upkeep
-from bot.pipeline import ReplyPipeline
 from tests.conftest import MakeCore
 from tests.discord_fakes import (
     ADMIN_PERMISSIONS,
     GENERAL_ID,
     GUILD_ID,
     OTHER_CHANNEL_ID,
-    FakeDiscord,
     Person,
     SlashHarness,
-    guild_payload,
+    slash_harness,
 )
 from tests.recall_helpers import CHATTER, GAMES, GUILD, HIKE, JUNO, FlakyEmbedder, World, build_world
 
@@ -187,15 +184,8 @@ ADMIN = Person(101, "Admin", ADMIN_PERMISSIONS)
 
 @pytest.fixture
 async def harness(make_core: MakeCore) -> AsyncIterator[SlashHarness]:
-    core: MemoryCore = await make_core()
-    async with FakeDiscord() as fake:
-        bot = DeskmateBot(core.settings, core=core, pipeline=ReplyPipeline(core))
-        await bot.login("fake-token")
-        bot._connection._add_guild_from_data(guild_payload())
-        try:
-            yield SlashHarness(bot, fake)
-        finally:
-            await bot.close()
+    async with slash_harness(await make_core()) as started:
+        yield started
 
 
 async def test_settings_embeddings_rebuild_shows_progress_in_an_edited_message(harness: SlashHarness, clock: ManualClock) -> None:

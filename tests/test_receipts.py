@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 import pytest
 from PIL import Image
 
-from bot.bot import DeskmateBot
 from bot.config import Settings
 from bot.memory.chart import buckets, days_unused_chart
 from bot.memory.embeddings import BuiltinEmbedder, create_embedder
@@ -21,7 +20,7 @@ from bot.memory.models import MemoryList, Source
 from bot.memory.recall import ManualClock, MemoryCore, NewMemory
 from bot.pipeline import Receipt, ReplyPipeline, ReplyStatus, UserRef
 from tests.conftest import MakeCore
-from tests.discord_fakes import ADMIN_PERMISSIONS, GENERAL_ID, GUILD_ID, FakeDiscord, Person, SlashHarness, guild_payload
+from tests.discord_fakes import ADMIN_PERMISSIONS, GENERAL_ID, GUILD_ID, Person, SlashHarness, slash_harness
 from tests.fakes import FakeChatServer, FakeEmbeddingsServer
 from tests.recall_helpers import BOT, CHATTER, GUILD, HIKE, JUNO, RIN, SAM, FlakyEmbedder, World, build_world
 
@@ -31,12 +30,6 @@ We play every Friday at 8pm UTC in the voice channel. The game is picked by a po
 # Minecraft
 The server address is play.example.org, version 1.21. Backups run every night at 3am.
 """
-
-
-@pytest.fixture
-async def chat() -> AsyncIterator[FakeChatServer]:
-    async with FakeChatServer() as server:
-        yield server
 
 
 @pytest.fixture
@@ -182,15 +175,8 @@ JUNO_P = Person(JUNO, "Juno")
 
 @pytest.fixture
 async def harness(make_core: MakeCore) -> AsyncIterator[SlashHarness]:
-    core: MemoryCore = await make_core()
-    async with FakeDiscord() as fake:
-        bot = DeskmateBot(core.settings, core=core, pipeline=ReplyPipeline(core))
-        await bot.login("fake-token")
-        bot._connection._add_guild_from_data(guild_payload())
-        try:
-            yield SlashHarness(bot, fake)
-        finally:
-            await bot.close()
+    async with slash_harness(await make_core()) as started:
+        yield started
 
 
 async def test_memories_why_shows_the_receipt_to_the_caller_only(harness: SlashHarness, clock: ManualClock) -> None:

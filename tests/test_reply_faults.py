@@ -29,12 +29,6 @@ _ids = itertools.count(5_000_000)
 
 
 @pytest.fixture
-async def chat() -> AsyncIterator[FakeChatServer]:
-    async with FakeChatServer() as server:
-        yield server
-
-
-@pytest.fixture
 async def fake_server(builtin_embedder: BuiltinEmbedder) -> AsyncIterator[FakeEmbeddingsServer]:
     async with FakeEmbeddingsServer(builtin_embedder) as server:
         yield server

@@ -26,6 +26,7 @@ from bot.config import load_settings
 from bot.redact import MASK, Redactor, install, secrets_of
 from tests.discord_fakes import BOT_ID, BOT_USER, GENERAL_ID, Call, FakeDiscord, Person, SlashHarness, message_payload
 from tests.discord_fakes import user_payload as user
+from tests.fakes import LocalEndpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 DISCORD_TOKEN = "MTIzNDU2Nzg5.discord-SECRET-token.abcdef"
@@ -35,29 +36,18 @@ DB_PASSWORD = "pw-SECRET-hunter2"
 SECRETS = (DISCORD_TOKEN, CHAT_KEY, EMBED_KEY, DB_PASSWORD)
 
 
-class LeakyProviders:
+class LeakyProviders(LocalEndpoint):
     """An OpenAI-compatible chat and embeddings endpoint that refuse the first calls quoting the key they got."""
 
     def __init__(self) -> None:
         self.refuse_chat = 1
         self.refuse_embeddings = 2
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
-    async def __aenter__(self) -> LeakyProviders:
+    def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/embeddings", self.embeddings)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"  # type: ignore[union-attr]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        return app
 
     @staticmethod
     def refusal(request: web.Request) -> web.Response:

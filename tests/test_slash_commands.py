@@ -16,6 +16,7 @@ from bot.bot import DeskmateBot
 from bot.memory.models import MemoryList, Privacy, Source
 from bot.memory.recall import MemoryCore, NewMemory
 from bot.pipeline import ReplyPipeline
+from tests.conftest import MakeCore
 from tests.discord_fakes import (
     ADMIN_PERMISSIONS,
     BOT_ID,
@@ -29,7 +30,7 @@ from tests.discord_fakes import (
     Person,
     SlashHarness,
     custom_ids,
-    guild_payload,
+    slash_harness,
     snowflake,
 )
 
@@ -40,16 +41,9 @@ DM_CHANNEL = 555
 
 
 @pytest.fixture
-async def harness(make_core) -> AsyncIterator[SlashHarness]:
-    core: MemoryCore = await make_core()
-    async with FakeDiscord() as fake:
-        bot = DeskmateBot(core.settings, core=core, pipeline=ReplyPipeline(core))
-        await bot.login("fake-token")
-        bot._connection._add_guild_from_data(guild_payload())
-        try:
-            yield SlashHarness(bot, fake)
-        finally:
-            await bot.close()
+async def harness(make_core: MakeCore) -> AsyncIterator[SlashHarness]:
+    async with slash_harness(await make_core()) as started:
+        yield started
 
 
 def core_of(h: SlashHarness) -> MemoryCore:

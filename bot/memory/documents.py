@@ -24,7 +24,7 @@ import numpy as np
 from bot.config import Settings
 from bot.memory import store
 from bot.memory.embeddings import EmbeddingError
-from bot.memory.recall import MemoryCore
+from bot.memory.recall import MemoryCore, split_at_threshold
 from bot.prompt import count_tokens, encoding
 
 log = logging.getLogger(__name__)
@@ -272,7 +272,7 @@ class DocumentLibrary:
             rows = await store.search_passages(
                 conn, guild_id=guild_id, space=space, vector=query_vector, limit=self.settings.document_max_results + 1
             )
-        threshold = self.settings.document_min_similarity
+        kept, best_below = split_at_threshold(rows, self.settings.document_min_similarity, self.settings.document_max_results)
         hits = [
             DocumentHit(
                 passage_id=row["id"],
@@ -282,11 +282,9 @@ class DocumentLibrary:
                 text=row["text"],
                 similarity=float(row["similarity"]),
             )
-            for row in rows
-            if float(row["similarity"]) >= threshold
-        ][: self.settings.document_max_results]
-        below = [float(row["similarity"]) for row in rows if float(row["similarity"]) < threshold]
-        return DocumentSearch(hits, len(rows), max(below) if below else None)
+            for row in kept
+        ]
+        return DocumentSearch(hits, len(rows), best_below)
 
 
 def describe_size(size: int) -> str:

@@ -33,7 +33,7 @@ import numpy as np
 
 from bot.config import Settings
 from bot.memory import store
-from bot.memory.recall import MemoryCore
+from bot.memory.recall import MemoryCore, split_at_threshold
 from bot.prompt import count_tokens  # the prompt's tokenizer: "400 tokens" means the same everywhere
 
 log = logging.getLogger(__name__)
@@ -225,7 +225,7 @@ class HistoryIndex:
                 vector=query_vector,
                 limit=self.settings.history_max_results + 1,
             )
-        threshold = self.settings.history_min_similarity
+        kept, best_below = split_at_threshold(rows, self.settings.history_min_similarity, self.settings.history_max_results)
         hits = [
             HistoryHit(
                 chunk_id=row["id"],
@@ -237,11 +237,9 @@ class HistoryIndex:
                 first_message_id=row["first_message_id"],
                 last_message_id=row["last_message_id"],
             )
-            for row in rows
-            if float(row["similarity"]) >= threshold
-        ][: self.settings.history_max_results]
-        below = [float(row["similarity"]) for row in rows if float(row["similarity"]) < threshold]
-        return HistorySearch(enabled=True, hits=hits, searched=len(rows), best_below=max(below) if below else None)
+            for row in kept
+        ]
+        return HistorySearch(enabled=True, hits=hits, searched=len(rows), best_below=best_below)
 
     async def overview(self, channel_id: int) -> dict[str, int]:
         """Chunks of a channel, how many are embedded in the current space, messages in no chunk yet."""

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -34,6 +34,19 @@ from bot.memory.visibility import clean_text, context_words, normalize_tags
 log = logging.getLogger(__name__)
 
 NEVER = 2**31 - 1  # "days_unused below this" = every memory, for the desk when nothing decays
+
+
+def split_at_threshold(
+    rows: Sequence[Mapping[str, Any]], threshold: float, limit: int
+) -> tuple[list[Mapping[str, Any]], float | None]:
+    """Search rows (best first) scoring at least `threshold`, at most `limit` of them, and the best score under it.
+
+    Chat history and documents search the same way; the best score under the threshold is what a
+    receipt shows when nothing was relevant enough.
+    """
+    kept = [row for row in rows if float(row["similarity"]) >= threshold][:limit]
+    below = [float(row["similarity"]) for row in rows if float(row["similarity"]) < threshold]
+    return kept, max(below) if below else None
 
 
 class Clock(Protocol):
@@ -421,19 +434,6 @@ class MemoryCore:
                 if waiting == 0:
                     await store.delete_stale_vectors(conn, space)
         return done
-
-    async def run_reembedder(self, stop: asyncio.Event) -> None:
-        """Background task: catch up on missing vectors at start, after failed saves, and periodically."""
-        while not stop.is_set():
-            try:
-                await self.reembed_missing()
-            except (OSError, asyncpg.PostgresError) as exc:
-                log.warning("Re-embedding failed, will retry: %s", exc)
-            self.vectors_wanted.clear()
-            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.vectors_wanted.wait())]
-            await asyncio.wait(waiters, timeout=self.settings.reembed_interval_s, return_when=asyncio.FIRST_COMPLETED)
-            for waiter in waiters:
-                waiter.cancel()
 
     # --- people and server settings (the hiding rules' stored inputs) --------------------------
 
