@@ -17,6 +17,7 @@ from pathlib import Path
 from dotenv import dotenv_values
 
 EMBEDDING_PROVIDERS = ("builtin", "openai", "none")
+DESK_REFRESH_MODES = ("reply", "daily")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 # Default MIN_SIMILARITY per embedding model, measured with tests/data/calibration.jsonl
@@ -53,6 +54,8 @@ class Settings:
     memory_decay_enabled: bool = True
     dormant_after_days: int = 7
     max_used: int = 3
+    max_recalled: int | None = None  # None: the same as max_used (SPEC §2)
+    desk_refresh: str = "reply"
     min_similarity: float = DEFAULT_MIN_SIMILARITY
     server_memory_limit: int = 100
     personal_memory_limit: int = 100
@@ -206,6 +209,8 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         memory_decay_enabled=_bool(merged, "MEMORY_DECAY_ENABLED", True),
         dormant_after_days=_int(merged, "DORMANT_AFTER_DAYS", 7, 1, 3650),
         max_used=_int(merged, "MAX_USED", 3, 1, 50),
+        max_recalled=_int(merged, "MAX_RECALLED", 0, 1, 50) or None,
+        desk_refresh=_choice(merged, "DESK_REFRESH", "reply", DESK_REFRESH_MODES),
         min_similarity=_float(merged, "MIN_SIMILARITY", default_similarity, -1.0, 1.0),
         server_memory_limit=_int(merged, "SERVER_MEMORY_LIMIT", 100, 1, 100_000),
         personal_memory_limit=_int(merged, "PERSONAL_MEMORY_LIMIT", 100, 1, 100_000),

@@ -649,7 +649,7 @@ class ReplyPipeline:
         recall = await self.core.reply_search(conversation)
 
         owners = {m.owner_id for m in recall.desk if m.owner_id} | {
-            s.memory.owner_id for s in recall.recalled if s.memory.owner_id
+            s.memory.owner_id for s in (*recall.recalled, *recall.held_back) if s.memory.owner_id
         }
         async with self.core.pool.acquire() as conn:
             persona_row = await store.get_persona(conn, recall.persona_id)
@@ -661,7 +661,8 @@ class ReplyPipeline:
 
         tools = self._tools_for(guild)
         extra_tail, tail_reports = await self._extra_tail(message, recall)
-        tail = [recalled_item(scored, names) for scored in recall.recalled] + extra_tail
+        # DESK_REFRESH=daily keeps memories that joined the desk today in the tail, after this reply's recalls
+        tail = [recalled_item(scored, names) for scored in (*recall.recalled, *recall.held_back)] + extra_tail
         outcome_prompt: Prompt | None = None
         error: str | None = None
         try:

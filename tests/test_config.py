@@ -93,3 +93,12 @@ def test_every_setting_is_documented_in_readme_and_env_example() -> None:
     missing_readme = sorted(name for name in names if f"`{name}`" not in readme)
     missing_example = sorted(name for name in names if not re.search(rf"^#? ?{name}=", example, re.MULTILINE))
     assert missing_readme == [] and missing_example == []
+
+
+def test_recall_extensions_default_to_the_spec() -> None:
+    settings = load_settings({}, dotenv_path=None)
+    assert settings.max_recalled is None and settings.desk_refresh == "reply"
+    tuned = load_settings({"MAX_RECALLED": "10", "DESK_REFRESH": "Daily"}, dotenv_path=None)
+    assert tuned.max_recalled == 10 and tuned.desk_refresh == "daily"
+    with pytest.raises(ConfigError, match="DESK_REFRESH must be one of reply, daily"):
+        load_settings({"DESK_REFRESH": "hourly"}, dotenv_path=None)

@@ -478,3 +478,64 @@ async def test_changing_the_embedding_space_waits_then_reembeds(
     assert [s.memory.id for s in (await moved.reply_search(message(ASK_CAT))).used] == [cat.id]
     spaces = await pool.fetch("SELECT s.model FROM memory_vectors v JOIN embedding_spaces s ON s.id = v.space_id")
     assert [row["model"] for row in spaces] == ["same-dimension-other-model"]  # stale vectors removed
+
+
+# --- issue 5 extensions: MAX_RECALLED and DESK_REFRESH=daily --------------------------------------
+
+
+async def test_max_recalled_brings_more_dormant_matches_into_the_tail_without_resetting_them(
+    make_core: MakeCore, clock: ManualClock
+) -> None:
+    core = await make_core(dormant_after_days=1, max_used=1, max_recalled=3)
+    clock.set_date(DAY1)
+    facts = [await save_ok(core, server_memory(text)) for text in (
+        "Juno's cat Mochi loves tuna", CAT, "Mochi the cat sleeps on the sofa", MINECRAFT)]
+    await chat_days(core, clock, 1, DAY1)
+    clock.set_date(DAY1 + timedelta(days=2))
+    recall = await core.reply_search(message("does Mochi the cat like tuna?"))
+    assert len(recall.used) == 1 and len(recall.recalled) == 3
+    assert recall.recalled[0].memory.id == recall.used[0].memory.id
+    assert facts[3].id not in [s.memory.id for s in recall.recalled]
+    states = {m.id: m.days_unused for m in await core.all_memories()}
+    assert states[recall.used[0].memory.id] == 0
+    assert sorted(states[s.memory.id] for s in recall.recalled[1:]) == [2, 2]  # recalled, yet still in the drawer
+
+
+async def test_max_recalled_defaults_to_spec_behaviour(make_core: MakeCore, clock: ManualClock) -> None:
+    core = await make_core(dormant_after_days=1, max_used=1)
+    clock.set_date(DAY1)
+    for text in ("Juno's cat Mochi loves tuna", CAT, "Mochi the cat sleeps on the sofa"):
+        await save_ok(core, server_memory(text))
+    await chat_days(core, clock, 1, DAY1)
+    clock.set_date(DAY1 + timedelta(days=2))
+    recall = await core.reply_search(message("does Mochi the cat like tuna?"))
+    assert [s.memory.id for s in recall.recalled] == [s.memory.id for s in recall.used] and len(recall.used) == 1
+
+
+async def test_daily_desk_refresh_changes_the_desk_at_most_once_a_day(make_core: MakeCore, clock: ManualClock) -> None:
+    core = await make_core(dormant_after_days=2, desk_refresh="daily")
+    clock.set_date(DAY1)
+    cat = await save_ok(core, server_memory(CAT))
+    first = await core.reply_search(message(CHATTER[0]))
+    assert first.desk == [] and [s.memory.id for s in first.held_back] == [cat.id]  # new today: in the tail
+    minecraft = await save_ok(core, server_memory(MINECRAFT))
+    again = await core.reply_search(message(CHATTER[1]))
+    assert again.desk == [] and {s.memory.id for s in again.held_back} == {cat.id, minecraft.id}
+
+    clock.set_date(DAY1 + timedelta(days=1))
+    for text in (*CHATTER, "which Minecraft version do we run?"):
+        recall = await core.reply_search(message(text))
+        assert [m.id for m in recall.desk] == [cat.id, minecraft.id] and recall.held_back == []
+
+    last = await chat_days(core, clock, 1, DAY1 + timedelta(days=1))  # the cat ages into the drawer...
+    recall = await core.reply_search(message(CHATTER[1]))
+    assert cat.id in [m.id for m in recall.desk]  # ...but stays on the desk the day it went dormant
+    clock.set_date(last + timedelta(days=1))
+    recall = await core.reply_search(message(ASK_CAT))
+    assert [s.memory.id for s in recall.recalled] == [cat.id] and cat.id not in [m.id for m in recall.desk]
+    later = await core.reply_search(message(CHATTER[2]))
+    desk_after = [m.id for m in later.desk]
+    assert cat.id not in desk_after and [s.memory.id for s in later.held_back] == [cat.id]  # tail until tomorrow
+    clock.set_date(last + timedelta(days=2))
+    tomorrow = await core.reply_search(message(CHATTER[0]))
+    assert cat.id in [m.id for m in tomorrow.desk] and tomorrow.held_back == []

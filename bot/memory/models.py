@@ -58,6 +58,7 @@ class Memory:
     created_by: int | None
     created_at: datetime
     updated_at: datetime
+    desk_changed_on: date | None = None
 
     @property
     def is_global(self) -> bool:
@@ -82,6 +83,7 @@ class Memory:
             created_by=row["created_by"],
             created_at=row["created_at"],
             updated_at=row["updated_at"],
+            desk_changed_on=row.get("desk_changed_on"),
         )
 
 
@@ -120,7 +122,8 @@ class Recall:
 
     `desk` is the active set as it stood before this search, in prompt order (server memories by
     id, then personal memories grouped by user). `used` are the top matches, best first;
-    `recalled` the used ones that were dormant, which go near the end of this reply's prompt.
+    `recalled` the dormant ones among the best MAX_RECALLED matches (by default the used ones
+    that were dormant, SPEC §2), which go near the end of this reply's prompt.
     """
 
     search_ok: bool
@@ -130,6 +133,9 @@ class Recall:
     used: list[ScoredMemory]
     recalled: list[ScoredMemory]
     query_vector: np.ndarray | None = field(default=None, repr=False)
+    held_back: list[ScoredMemory] = field(default_factory=list)
+    """DESK_REFRESH=daily: memories that joined the desk today (saved, edited or recalled earlier
+    today). They go in the prompt's tail, not its head, until the next chat day."""
 
 
 @dataclass

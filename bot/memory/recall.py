@@ -150,6 +150,24 @@ class MemoryCore:
 
     # --- SPEC §2: the search on every reply ----------------------------------------------------
 
+    @property
+    def max_matches(self) -> int:
+        """How many best matches a reply looks at: MAX_USED are used (reset), MAX_RECALLED recalled."""
+        return max(self.settings.max_used, self.settings.max_recalled or self.settings.max_used)
+
+    def was_on_desk_this_morning(self, memory: Memory, today: date) -> bool:
+        """DESK_REFRESH=daily: whether the memory was active when today's first reply began.
+
+        Derived from the counters: a memory saved, edited or recalled today (`desk_changed_on`)
+        joined the desk today; one aged today was one day younger this morning; any other memory
+        is as it was this morning (a reset of an active memory leaves it active).
+        """
+        if memory.desk_changed_on == today or memory.created_at.astimezone(UTC).date() >= today:
+            return False
+        used_today = memory.last_used_at is not None and memory.last_used_at.astimezone(UTC).date() == today
+        aged_today = memory.last_aged_on == today and not used_today
+        return memory.days_unused - (1 if aged_today else 0) < self.settings.dormant_after_days
+
     async def reply_search(self, conversation: Conversation) -> Recall:
         """One embedding of the latest message, then one statement that reads, scores and ages."""
         persona = await self.persona_id(conversation.guild_id)
@@ -157,6 +175,8 @@ class MemoryCore:
         vector, failure = await self._embed_one(conversation.text)
         now, today = self._now()
         decays = self.decay_active
+        daily = decays and self.settings.desk_refresh == "daily"
+        dormant_after = self.settings.dormant_after_days
         async with self.pool.acquire() as conn:
             rows = await store.reply_search(
                 conn,
@@ -171,26 +191,38 @@ class MemoryCore:
                 max_used=self.settings.max_used,
                 now=now,
                 today=today,
-                desk_below_days=self.settings.dormant_after_days if decays else NEVER,
+                # daily: a memory that went dormant today stays on today's desk
+                desk_below_days=(dormant_after + 1 if daily else dormant_after) if decays else NEVER,
+                max_matches=self.max_matches,
+                dormant_after=dormant_after,
             )
         desk: list[Memory] = []
         used: list[ScoredMemory] = []
+        recalled: list[ScoredMemory] = []
+        held_back: list[ScoredMemory] = []
         for row in rows:
             memory = Memory.from_row(row)
-            if not self.is_dormant(memory):
+            match = row["match_similarity"]
+            scored = ScoredMemory(memory, float(match) if match is not None else 0.0)
+            dormant = self.is_dormant(memory)
+            if self.was_on_desk_this_morning(memory, today) if daily else not dormant:
                 desk.append(memory)
+            elif match is not None and dormant:
+                recalled.append(scored)
+            elif daily and not dormant:
+                held_back.append(scored)
             if row["used_similarity"] is not None:
-                used.append(ScoredMemory(memory, float(row["used_similarity"])))
-        used.sort(key=lambda scored: (-scored.similarity, scored.memory.id))
-        recalled = [scored for scored in used if self.is_dormant(scored.memory)]
+                used.append(scored)
+        best_first = lambda items: sorted(items, key=lambda s: (-s.similarity, s.memory.id))  # noqa: E731
         return Recall(
             search_ok=vector is not None,
             failure=failure,
             persona_id=persona,
             desk=desk_order(desk),
-            used=used,
-            recalled=recalled,
+            used=best_first(used),
+            recalled=best_first(recalled),
             query_vector=vector,  # type: ignore[arg-type]
+            held_back=best_first(held_back),
         )
 
     # --- SPEC §3: saving and forgetting --------------------------------------------------------

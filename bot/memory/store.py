@@ -24,7 +24,7 @@ from bot.memory.models import GuildSettings, Memory, MemoryList, Privacy, Source
 
 MEMORY_COLUMNS = (
     "id, list, guild_id, owner_id, persona_id, text, tags, channel_ids, source, protected,"
-    " days_unused, last_aged_on, last_used_at, created_by, created_at, updated_at"
+    " days_unused, last_aged_on, last_used_at, created_by, created_at, updated_at, desk_changed_on"
 )
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
@@ -140,7 +140,8 @@ candidates AS (
     WHERE list = 'server' AND guild_id = $1 AND persona_id = $2
     UNION ALL
     SELECT m.id, m.list, m.guild_id, m.owner_id, m.persona_id, m.text, m.tags, m.channel_ids, m.source,
-           m.protected, m.days_unused, m.last_aged_on, m.last_used_at, m.created_by, m.created_at, m.updated_at
+           m.protected, m.days_unused, m.last_aged_on, m.last_used_at, m.created_by, m.created_at, m.updated_at,
+           m.desk_changed_on
     FROM memories m JOIN people p ON m.owner_id = p.user_id
     WHERE m.list = 'personal' AND (m.persona_id IS NULL OR m.persona_id = $2)
 ),
@@ -154,8 +155,11 @@ scored AS (
     FROM visible v JOIN memory_vectors mv ON mv.memory_id = v.id AND mv.space_id = $7
     WHERE $6::vector IS NOT NULL AND vector_dims(mv.embedding) = vector_dims($6::vector)
 ),
+matches AS (
+    SELECT id, similarity FROM scored WHERE similarity >= $8 ORDER BY similarity DESC, id LIMIT greatest($9::int, $13::int)
+),
 used AS (
-    SELECT id, similarity FROM scored WHERE similarity >= $8 ORDER BY similarity DESC, id LIMIT $9
+    SELECT id, similarity FROM matches ORDER BY similarity DESC, id LIMIT $9
 ),
 locked AS (
     SELECT m.id FROM memories m
@@ -167,14 +171,15 @@ changed AS (
     UPDATE memories m
     SET days_unused = CASE WHEN u.id IS NULL THEN m.days_unused + 1 ELSE 0 END,
         last_used_at = CASE WHEN u.id IS NULL THEN m.last_used_at ELSE $10 END,
-        last_aged_on = $11
+        last_aged_on = $11,
+        desk_changed_on = CASE WHEN u.id IS NOT NULL AND m.days_unused >= $14::int THEN $11 ELSE m.desk_changed_on END
     FROM locked l LEFT JOIN used u ON u.id = l.id
     WHERE m.id = l.id AND (u.id IS NOT NULL OR m.last_aged_on < $11)
     RETURNING m.id
 )
-SELECT v.*, u.similarity AS used_similarity
-FROM visible v LEFT JOIN used u ON u.id = v.id
-WHERE (v.days_unused < $12 OR u.id IS NOT NULL)
+SELECT v.*, u.similarity AS used_similarity, mt.similarity AS match_similarity
+FROM visible v LEFT JOIN used u ON u.id = v.id LEFT JOIN matches mt ON mt.id = v.id
+WHERE (v.days_unused < $12 OR mt.id IS NOT NULL OR v.desk_changed_on = $11)
   AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
 """
 
@@ -194,12 +199,16 @@ async def reply_search(
     now: datetime,
     today: date,
     desk_below_days: int,
+    max_matches: int | None = None,
+    dormant_after: int | None = None,
 ) -> list[asyncpg.Record]:
     """Run SPEC §2 steps 2 and 4-6 in one statement and return the pre-search snapshot.
 
     With `query_vector` None nothing is scored or changed (failed search, decay off, no embedder).
-    Returns the visible memories with `days_unused < desk_below_days` (the desk) plus the used ones;
-    `used_similarity` is set on used rows. Values are as they were before this statement.
+    Returns the visible memories with `days_unused < desk_below_days` (the desk), those that joined
+    the desk today, and the best `max_matches` matches (`match_similarity`; the first `max_used` of
+    them are used: `used_similarity`, reset). A used memory at `dormant_after` days or more is a
+    recall: its `desk_changed_on` becomes today. Values are as they were before this statement.
     """
     return await conn.fetch(
         REPLY_SEARCH_SQL,
@@ -215,6 +224,8 @@ async def reply_search(
         now,
         today,
         desk_below_days,
+        max_matches if max_matches is not None else max_used,
+        dormant_after if dormant_after is not None else desk_below_days,
     )
 
 
@@ -314,8 +325,8 @@ async def insert_memory(
 ) -> Memory:
     row = await conn.fetchrow(
         "INSERT INTO memories (list, guild_id, owner_id, persona_id, text, tags, channel_ids, source, protected,"
-        " days_unused, last_aged_on, created_by, created_at, updated_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0, $10, $11, $12, $12)"
+        " days_unused, last_aged_on, created_by, created_at, updated_at, desk_changed_on)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 0, $10, $11, $12, $12, $10)"
         f" RETURNING {MEMORY_COLUMNS}",
         memory_list.value,
         guild_id,
@@ -339,7 +350,7 @@ async def update_memory_text(
     """Replace the text; old vectors describe the old text, so they go. The counter restarts."""
     await conn.execute("DELETE FROM memory_vectors WHERE memory_id = $1", memory_id)
     row = await conn.fetchrow(
-        "UPDATE memories SET text = $2, source = $3, protected = $4, days_unused = 0, last_aged_on = $5,"
+        "UPDATE memories SET text = $2, source = $3, protected = $4, days_unused = 0, last_aged_on = $5, desk_changed_on = $5,"
         f" updated_at = $6 WHERE id = $1 RETURNING {MEMORY_COLUMNS}",
         memory_id,
         text,
@@ -873,9 +884,9 @@ async def insert_imported(
     ]
     rows = await conn.fetch(
         "INSERT INTO memories (list, guild_id, owner_id, persona_id, text, tags, channel_ids, source, protected,"
-        " days_unused, last_aged_on, created_by, created_at, updated_at)"
+        " days_unused, last_aged_on, created_by, created_at, updated_at, desk_changed_on)"
         " SELECT $2, $3, $4, x.persona_id, x.text, x.tags, x.channel_ids, 'import', $2 = 'personal' AND x.persona_id IS NULL,"
-        " 0, $5, $6, $7, $7"
+        " 0, $5, $6, $7, $7, $5"
         " FROM jsonb_to_recordset($1::jsonb) AS x (ord int, text text, tags text[], channel_ids bigint[], persona_id bigint)"
         " ORDER BY x.ord RETURNING id",
         json.dumps(payload),
