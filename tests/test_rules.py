@@ -539,3 +539,18 @@ async def test_daily_desk_refresh_changes_the_desk_at_most_once_a_day(make_core:
     clock.set_date(last + timedelta(days=2))
     tomorrow = await core.reply_search(message(CHATTER[0]))
     assert cat.id in [m.id for m in tomorrow.desk] and tomorrow.held_back == []
+
+
+async def test_daily_desk_keeps_a_memory_that_went_dormant_today_and_was_used_later_today(
+    make_core: MakeCore, clock: ManualClock
+) -> None:
+    core = await make_core(dormant_after_days=1, desk_refresh="daily")
+    clock.set_date(DAY1)
+    cat = await save_ok(core, server_memory(CAT))
+    clock.set_date(DAY1 + timedelta(days=1))
+    morning = await core.reply_search(message(CHATTER[0]))  # ages the cat into the drawer...
+    assert [m.id for m in morning.desk] == [cat.id] and core.is_dormant(await fetch(core, cat))
+    asked = await core.reply_search(message(ASK_CAT))  # ...and it is used later the same day
+    assert [s.memory.id for s in asked.used] == [cat.id] and asked.recalled == []
+    after = await core.reply_search(message(CHATTER[1]))
+    assert [m.id for m in after.desk] == [cat.id] and after.held_back == []  # no comeback: the head stays

@@ -172,7 +172,12 @@ changed AS (
     SET days_unused = CASE WHEN u.id IS NULL THEN m.days_unused + 1 ELSE 0 END,
         last_used_at = CASE WHEN u.id IS NULL THEN m.last_used_at ELSE $10 END,
         last_aged_on = $11,
-        desk_changed_on = CASE WHEN u.id IS NOT NULL AND m.days_unused >= $14::int THEN $11 ELSE m.desk_changed_on END
+        -- a recall = used while dormant as of this morning: a memory that aged into the drawer at
+        -- today's first reply was on today's desk, so its reset later today is no comeback
+        desk_changed_on = CASE
+            WHEN u.id IS NOT NULL AND m.days_unused - CASE WHEN m.last_aged_on = $11
+                AND (m.last_used_at IS NULL OR (m.last_used_at AT TIME ZONE 'UTC')::date < $11) THEN 1 ELSE 0 END >= $14::int
+            THEN $11 ELSE m.desk_changed_on END
     FROM locked l LEFT JOIN used u ON u.id = l.id
     WHERE m.id = l.id AND (u.id IS NOT NULL OR m.last_aged_on < $11)
     RETURNING m.id
