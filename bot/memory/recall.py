@@ -424,46 +424,54 @@ class MemoryCore:
 
     # --- vectors for a new embedding space -----------------------------------------------------
 
-    async def reembed_missing(self, progress: Callable[[int, int], Awaitable[None] | None] | None = None) -> int:
-        """Embed, in batches, every memory without a vector in the current space.
+    async def embed_waiting_memories(self, space: int, after_batch: Callable[[int], Awaitable[None]] | None = None) -> None:
+        """Embed, in batches, every memory without a vector in `space`; raises EmbeddingError.
 
-        Stops at the first embedding failure (the provider is down; the next run resumes), and
-        returns how many memories got a vector.
+        The one loop behind the background rebuild (which reports why it paused) and
+        `reembed_missing`. `after_batch` gets how many memories of the batch got their vector; a
+        memory edited or deleted meanwhile is skipped and picked up (or gone) on the next pass.
+        """
+        skipped: set[int] = set()
+        size = self.settings.embedding_batch_size
+        while True:
+            async with self.pool.acquire() as conn:
+                batch = await store.memories_waiting_for_vector(conn, space, size + len(skipped))
+            batch = [(memory_id, text) for memory_id, text in batch if memory_id not in skipped][:size]
+            if not batch:
+                return
+            vectors = await self.embedder.embed([text for _, text in batch])
+            stored = 0
+            async with self.pool.acquire() as conn, conn.transaction():
+                for (memory_id, text), vector in zip(batch, vectors, strict=True):
+                    if await store.store_vector(conn, memory_id, space, vector, text):
+                        stored += 1
+                    else:
+                        skipped.add(memory_id)
+            if after_batch is not None:
+                await after_batch(stored)
+
+    async def reembed_missing(self) -> int:
+        """Give every memory a vector in the current space, stopping quietly if the provider fails.
+
+        Returns how many memories got a vector; once none is left waiting, vectors of other spaces
+        go (they are never searched).
         """
         space = await self.space_id()
         if space is None:
             return 0
-        async with self.pool.acquire() as conn:
-            total = await store.count_waiting_for_vector(conn, space)
         done = 0
-        failed_ids: set[int] = set()
-        while True:
-            async with self.pool.acquire() as conn:
-                wanted = self.settings.embedding_batch_size + len(failed_ids)
-                batch = await store.memories_waiting_for_vector(conn, space, wanted)
-            batch = [(memory_id, text) for memory_id, text in batch if memory_id not in failed_ids]
-            if not batch:
-                break
-            try:
-                vectors = await self.embedder.embed([text for _, text in batch])
-            except EmbeddingError as exc:
-                log.warning("Re-embedding paused after %d of %d memories: %s", done, total, exc)
-                break
-            async with self.pool.acquire() as conn, conn.transaction():
-                for (memory_id, text), vector in zip(batch, vectors, strict=True):
-                    if await store.store_vector(conn, memory_id, space, vector, text):
-                        done += 1
-                    else:  # edited or deleted meanwhile: picked up again (or gone) next round
-                        failed_ids.add(memory_id)
-            if progress is not None:
-                maybe = progress(done, total)
-                if maybe is not None:
-                    await maybe
-            log.info("Re-embedding: %d of %d memories have a vector in %s", done, total, self.embedder.space)
+
+        async def count(stored: int) -> None:
+            nonlocal done
+            done += stored
+
+        try:
+            await self.embed_waiting_memories(space, count)
+        except EmbeddingError as exc:
+            log.warning("Re-embedding paused after %d memories: %s", done, exc)
         if done:
             async with self.pool.acquire() as conn:
-                waiting = await store.count_waiting_for_vector(conn, space)
-                if waiting == 0:
+                if await store.count_waiting_for_vector(conn, space) == 0:
                     await store.delete_stale_vectors(conn, space)
         return done
 

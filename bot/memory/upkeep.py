@@ -139,23 +139,13 @@ class Upkeep:
         return state
 
     async def _embed_memories(self, space: int, state: RebuildProgress, progress: ProgressCallback | None) -> None:
-        """Like `MemoryCore.reembed_missing`, but failures propagate so the pass can say why it paused."""
-        skipped: set[int] = set()  # edited or deleted meanwhile: the next pass picks them up (or they are gone)
-        size = self.core.settings.embedding_batch_size
-        while True:
-            async with self.core.pool.acquire() as conn:
-                batch = await store.memories_waiting_for_vector(conn, space, size + len(skipped))
-            batch = [(memory_id, text) for memory_id, text in batch if memory_id not in skipped][:size]
-            if not batch:
-                return
-            vectors = await self.core.embedder.embed([text for _, text in batch])
-            async with self.core.pool.acquire() as conn, conn.transaction():
-                for (memory_id, text), vector in zip(batch, vectors, strict=True):
-                    if await store.store_vector(conn, memory_id, space, vector, text):
-                        state.counts["memories"].done += 1
-                    else:
-                        skipped.add(memory_id)
+        """The core's own loop; failures propagate so the pass can say why it paused."""
+
+        async def after_batch(stored: int) -> None:
+            state.counts["memories"].done += stored
             await _call(progress, state)
+
+        await self.core.embed_waiting_memories(space, after_batch)
 
     async def _embed_items(self, kind: str, space: int, state: RebuildProgress, progress: ProgressCallback | None) -> None:
         item_kind = ITEM_KIND[kind]
