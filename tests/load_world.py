@@ -98,6 +98,10 @@ class Size:
             dormant_after_days=self.dormant_after_days,
             max_used=3,
             min_similarity=0.5,
+            # the oracle knows every cosine similarity exactly (TopicEmbedder); the word bonus of hybrid
+            # scoring ("anchor" is shared by every anchor) is tested on its own in test_lexical.py
+            lexical_weight=0.0,
+            max_recalled=0,
             memory_token_budget=8_000,
         )
 

@@ -97,8 +97,8 @@ def test_every_setting_is_documented_in_readme_and_env_example() -> None:
 
 def test_recall_extensions_default_to_the_spec() -> None:
     settings = load_settings({}, dotenv_path=None)
-    assert settings.max_recalled is None and settings.desk_refresh == "reply"
-    tuned = load_settings({"MAX_RECALLED": "10", "DESK_REFRESH": "Daily"}, dotenv_path=None)
-    assert tuned.max_recalled == 10 and tuned.desk_refresh == "daily"
+    assert settings.max_recalled == 10 and settings.desk_refresh == "reply" and settings.lexical_weight == 0.5
+    tuned = load_settings({"MAX_RECALLED": "0", "DESK_REFRESH": "Daily", "LEXICAL_WEIGHT": "0"}, dotenv_path=None)
+    assert tuned.max_recalled == 0 and tuned.desk_refresh == "daily" and tuned.lexical_weight == 0.0
     with pytest.raises(ConfigError, match="DESK_REFRESH must be one of reply, daily"):
         load_settings({"DESK_REFRESH": "hourly"}, dotenv_path=None)

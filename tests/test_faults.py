@@ -71,7 +71,9 @@ async def test_a_connection_killed_mid_reply_fails_that_reply_only(
     for _ in range(core.pool.get_size()):
         try:
             await core.reply_search(Conversation(5, 6, 1, "the train was late again"))
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, ConnectionError) as exc:
+        # InternalClientError: asyncpg sometimes reports the backend's FATAL that arrived on the idle
+        # connection as a protocol-state clash instead of ConnectionDoesNotExistError (seen 1 run in ~10)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, ConnectionError) as exc:
             failures += 1
             assert await core.all_memories() == before, exc  # nothing half-written
     recall = await core.reply_search(Conversation(5, 6, 1, "how is my cat Mochi doing?"))

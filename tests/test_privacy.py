@@ -65,8 +65,10 @@ class Spec:
 
     @property
     def text(self) -> str:
+        # the tag names stay out of the text: "how are the cats?" must match a memory through its
+        # tag (visibility) and the test embedder, not by sharing the word (hybrid scoring)
         who = f"user {self.owner}" if self.owner else "the server"
-        return f"fact- about {who}, {self.scope}, channels {self.channels}, tags {self.tags}"
+        return f"fact- about {who}, {self.scope}, channels {self.channels}, {len(self.tags)} tags"
 
 
 @dataclass(frozen=True)

@@ -501,8 +501,8 @@ async def test_max_recalled_brings_more_dormant_matches_into_the_tail_without_re
     assert sorted(states[s.memory.id] for s in recall.recalled[1:]) == [2, 2]  # recalled, yet still in the drawer
 
 
-async def test_max_recalled_defaults_to_spec_behaviour(make_core: MakeCore, clock: ManualClock) -> None:
-    core = await make_core(dormant_after_days=1, max_used=1)
+async def test_max_recalled_zero_is_spec_behaviour(make_core: MakeCore, clock: ManualClock) -> None:
+    core = await make_core(dormant_after_days=1, max_used=1, max_recalled=0)
     clock.set_date(DAY1)
     for text in ("Juno's cat Mochi loves tuna", CAT, "Mochi the cat sleeps on the sofa"):
         await save_ok(core, server_memory(text))

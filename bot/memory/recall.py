@@ -17,7 +17,9 @@ import asyncpg
 
 from bot.config import Settings
 from bot.memory import store
+from bot.memory.desk_cache import DeskCache, prompt_order
 from bot.memory.embeddings import Embedder, EmbeddingError
+from bot.memory.lexical import lexical_query
 from bot.memory.models import (
     Conversation,
     Memory,
@@ -96,7 +98,7 @@ def _rejected(reason: Rejection, detail: str) -> SaveResult:
 
 def desk_order(memories: list[Memory]) -> list[Memory]:
     """SPEC §5 order: server memories by id, then personal memories grouped by user, each by id."""
-    return sorted(memories, key=lambda m: (m.list != MemoryList.SERVER, m.owner_id or 0, m.id))
+    return sorted(memories, key=prompt_order)
 
 
 class MemoryCore:
@@ -108,6 +110,9 @@ class MemoryCore:
         self._personas: dict[int | None, int] = {}
         self._space_id: int | None = None
         self.vectors_wanted = asyncio.Event()  # set when a memory was stored without a vector
+        # desk memories already built, so each reply's search returns only what changed (exact:
+        # checked against row versions by the statement; see bot/memory/desk_cache.py)
+        self.desk_cache = DeskCache()
 
     # --- small helpers ---------------------------------------------------------------------
 
@@ -150,11 +155,6 @@ class MemoryCore:
 
     # --- SPEC §2: the search on every reply ----------------------------------------------------
 
-    @property
-    def max_matches(self) -> int:
-        """How many best matches a reply looks at: MAX_USED are used (reset), MAX_RECALLED recalled."""
-        return max(self.settings.max_used, self.settings.max_recalled or self.settings.max_used)
-
     def was_on_desk_this_morning(self, memory: Memory, today: date) -> bool:
         """DESK_REFRESH=daily: whether the memory was active when today's first reply began.
 
@@ -177,6 +177,8 @@ class MemoryCore:
         decays = self.decay_active
         daily = decays and self.settings.desk_refresh == "daily"
         dormant_after = self.settings.dormant_after_days
+        parts = DeskCache.parts(conversation.guild_id, persona, conversation.participants)
+        held = self.desk_cache.held(parts, today)
         async with self.pool.acquire() as conn:
             rows = await store.reply_search(
                 conn,
@@ -193,32 +195,45 @@ class MemoryCore:
                 today=today,
                 # daily: a memory that went dormant today stays on today's desk
                 desk_below_days=(dormant_after + 1 if daily else dormant_after) if decays else NEVER,
-                max_matches=self.max_matches,
+                max_recalled=self.settings.max_recalled,
                 dormant_after=dormant_after,
+                lexical=lexical_query(conversation.text),
+                lexical_weight=self.settings.lexical_weight,
+                known_ids=list(held),
+                known_stamps=[entry[0] for entry in held.values()],
             )
+        # the snapshot comes in prompt order (desk_order), so the desk needs no sorting
+        snapshot, similarities = self.desk_cache.resolve(parts, held, rows, today)
         desk: list[Memory] = []
         used: list[ScoredMemory] = []
         recalled: list[ScoredMemory] = []
         held_back: list[ScoredMemory] = []
-        for row in rows:
-            memory = Memory.from_row(row)
-            match = row["match_similarity"]
+        for memory in snapshot:
+            dormant = decays and memory.days_unused >= dormant_after  # self.is_dormant, inlined: ~60 per reply
+            on_desk = self.was_on_desk_this_morning(memory, today) if daily else not dormant
+            found = similarities.get(memory.id)
+            if found is None:  # most of the snapshot: neither used nor a match
+                if on_desk:
+                    desk.append(memory)
+                elif daily and not dormant:
+                    held_back.append(ScoredMemory(memory, 0.0))
+                continue
+            used_similarity, match = found
             scored = ScoredMemory(memory, float(match) if match is not None else 0.0)
-            dormant = self.is_dormant(memory)
-            if self.was_on_desk_this_morning(memory, today) if daily else not dormant:
+            if on_desk:
                 desk.append(memory)
             elif match is not None and dormant:
                 recalled.append(scored)
             elif daily and not dormant:
                 held_back.append(scored)
-            if row["used_similarity"] is not None:
+            if used_similarity is not None:
                 used.append(scored)
         best_first = lambda items: sorted(items, key=lambda s: (-s.similarity, s.memory.id))  # noqa: E731
         return Recall(
             search_ok=vector is not None,
             failure=failure,
             persona_id=persona,
-            desk=desk_order(desk),
+            desk=desk,
             used=best_first(used),
             recalled=best_first(recalled),
             query_vector=vector,  # type: ignore[arg-type]

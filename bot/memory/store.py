@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from typing import Any
@@ -20,6 +21,7 @@ import asyncpg
 import numpy as np
 
 from bot.memory.embeddings import EmbeddingSpace
+from bot.memory.lexical import LexicalQuery
 from bot.memory.models import GuildSettings, Memory, MemoryList, Privacy, Source
 
 MEMORY_COLUMNS = (
@@ -124,6 +126,12 @@ async def delete_stale_vectors(conn: Connection, keep_space: int) -> int:
 #   reply does not wait for the WAL flush. A server crash can lose the last fraction of a second
 #   of resets and agings, whole statements at a time (never half of one, never out of order);
 #   it cannot age a memory twice. On a busy disk the flush was most of the statement's time.
+# - `visible` carries only what the search needs (ids, counters, stamps, terms); the full rows
+#   are read again by primary key for the few rows the statement returns (the desk cache sends
+#   back only what the core lacks), instead of copying ≈ 150 wide rows through the CTEs and joins.
+#   The re-read sees the statement's snapshot, so it is the same row version as in `visible`.
+ROW_COLUMNS = ", ".join(f"m.{column.strip()}" for column in MEMORY_COLUMNS.split(",")[1:])  # all but id
+
 REPLY_SEARCH_SQL = f"""
 WITH guild AS (
     SELECT coalesce(gs.tagging, false) AS tagging, coalesce(gs.personal_memories, true) AS personal_on
@@ -135,31 +143,64 @@ people AS (
       AND NOT EXISTS (SELECT 1 FROM user_settings us WHERE us.user_id = p.user_id AND us.privacy = 'full')
       AND NOT EXISTS (SELECT 1 FROM guild_blocklist b WHERE b.guild_id = $1 AND b.user_id = p.user_id)
 ),
-candidates AS (
-    SELECT {MEMORY_COLUMNS} FROM memories
-    WHERE list = 'server' AND guild_id = $1 AND persona_id = $2
+query AS (
+    SELECT tsvector_to_array(words) AS words, tsvector_to_array(to_tsvector('english', $16::text)) AS names,
+           array_to_string(tsvector_to_array(words), ' | ')::tsquery AS any_word
+    FROM to_tsvector('english', $15::text) AS words
+    WHERE $6::vector IS NOT NULL AND $17::float8 > 0
+),
+candidates AS (  -- cosine: NULL without a vector of this space and size (not searchable);
+                 -- hit_terms: the memory's words if it holds any of the message's (lexical), else NULL
+    SELECT m.id, m.tags, m.channel_ids, m.days_unused, m.last_aged_on, m.desk_changed_on,
+           m.xmin::text::bigint AS stamp,
+           CASE WHEN vector_dims(mv.embedding) = vector_dims($6::vector) THEN 1 - (mv.embedding <=> $6::vector) END AS cosine,
+           CASE WHEN m.terms @@ (SELECT any_word FROM query) THEN m.terms END AS hit_terms
+    FROM memories m LEFT JOIN memory_vectors mv ON $6::vector IS NOT NULL AND mv.memory_id = m.id AND mv.space_id = $7
+    WHERE m.list = 'server' AND m.guild_id = $1 AND m.persona_id = $2
     UNION ALL
-    SELECT m.id, m.list, m.guild_id, m.owner_id, m.persona_id, m.text, m.tags, m.channel_ids, m.source,
-           m.protected, m.days_unused, m.last_aged_on, m.last_used_at, m.created_by, m.created_at, m.updated_at,
-           m.desk_changed_on
+    SELECT m.id, m.tags, m.channel_ids, m.days_unused, m.last_aged_on, m.desk_changed_on,
+           m.xmin::text::bigint AS stamp,
+           CASE WHEN vector_dims(mv.embedding) = vector_dims($6::vector) THEN 1 - (mv.embedding <=> $6::vector) END AS cosine,
+           CASE WHEN m.terms @@ (SELECT any_word FROM query) THEN m.terms END AS hit_terms
     FROM memories m JOIN people p ON m.owner_id = p.user_id
+    LEFT JOIN memory_vectors mv ON $6::vector IS NOT NULL AND mv.memory_id = m.id AND mv.space_id = $7
     WHERE m.list = 'personal' AND (m.persona_id IS NULL OR m.persona_id = $2)
 ),
 visible AS (
-    SELECT c.* FROM candidates c, guild
+    SELECT c.id, c.days_unused, c.last_aged_on, c.desk_changed_on, c.hit_terms, c.stamp, c.cosine FROM candidates c, guild
     WHERE (cardinality(c.channel_ids) = 0 OR $3::bigint = ANY (c.channel_ids))
       AND (NOT guild.tagging OR cardinality(c.tags) = 0 OR c.tags && $5::text[])
 ),
-scored AS (
-    SELECT v.id, v.last_aged_on, 1 - (mv.embedding <=> $6::vector) AS similarity
-    FROM visible v JOIN memory_vectors mv ON mv.memory_id = v.id AND mv.space_id = $7
-    WHERE $6::vector IS NOT NULL AND vector_dims(mv.embedding) = vector_dims($6::vector)
+word_hits AS (  -- which memory holds which of the message's words
+    SELECT v.id, t.lexeme FROM visible v, query q, unnest(v.hit_terms) AS t
+    WHERE v.hit_terms IS NOT NULL AND t.lexeme = ANY (q.words)
 ),
-matches AS (
-    SELECT id, similarity FROM scored WHERE similarity >= $8 ORDER BY similarity DESC, id LIMIT greatest($9::int, $13::int)
+word_weights AS (  -- IDF over this reply's searchable set (a word no memory holds counts most), names double
+    SELECT w.lexeme, ln((1 + (SELECT count(*) FROM visible)) / (1.0 + count(h.id)))
+                     * CASE WHEN w.lexeme = ANY (q.names) THEN 2 ELSE 1 END AS weight
+    FROM query q CROSS JOIN unnest(q.words) AS w (lexeme) LEFT JOIN word_hits h ON h.lexeme = w.lexeme
+    GROUP BY w.lexeme, q.names
+),
+lexical AS (  -- share of the message's (weighted) words a memory holds, in [0, 1]
+    SELECT h.id, sum(w.weight) / nullif((SELECT sum(weight) FROM word_weights), 0) AS overlap
+    FROM word_hits h JOIN word_weights w USING (lexeme) GROUP BY h.id
+),
+scored AS (  -- lexical is looked up only for the few memories holding a word: with none, it is never computed
+    SELECT v.id, v.last_aged_on, v.days_unused,
+           v.cosine + CASE WHEN v.hit_terms IS NULL THEN 0
+                           ELSE $17::float8 * coalesce((SELECT lx.overlap FROM lexical lx WHERE lx.id = v.id), 0) END
+           AS similarity
+    FROM visible v
+    WHERE v.cosine IS NOT NULL
 ),
 used AS (
-    SELECT id, similarity FROM matches ORDER BY similarity DESC, id LIMIT $9
+    SELECT id, similarity FROM scored WHERE similarity >= $8 ORDER BY similarity DESC, id LIMIT $9
+),
+matches AS (  -- the used ones, and up to $13 more dormant matches for the tail (MAX_RECALLED)
+    SELECT id, similarity FROM used
+    UNION
+    (SELECT id, similarity FROM scored WHERE similarity >= $8 AND days_unused >= $14
+     ORDER BY similarity DESC, id LIMIT $13::int)
 ),
 locked AS (
     SELECT m.id FROM memories m
@@ -180,13 +221,40 @@ changed AS (
             THEN $11 ELSE m.desk_changed_on END
     FROM locked l LEFT JOIN used u ON u.id = l.id
     WHERE m.id = l.id AND (u.id IS NOT NULL OR m.last_aged_on < $11)
-    RETURNING m.id
+    -- the new row version, for the desk cache: what changed and the new stamp, with the stamp of
+    -- the version updated (the snapshot's, unless another reply changed the row since)
+    RETURNING m.id, old.xmin::text::bigint AS old_stamp, new.xmin::text::bigint AS next_stamp,
+              new.days_unused, new.last_used_at, new.last_aged_on, new.desk_changed_on
+),
+desk AS (  -- the pre-search snapshot the core turns into a Recall: the desk and the matches
+    SELECT v.id, v.stamp, u.similarity AS used_similarity, mt.similarity AS match_similarity
+    FROM visible v LEFT JOIN used u ON u.id = v.id LEFT JOIN matches mt ON mt.id = v.id
+    WHERE (v.days_unused < $12 OR mt.id IS NOT NULL OR v.desk_changed_on = $11)
 )
-SELECT v.*, u.similarity AS used_similarity, mt.similarity AS match_similarity
-FROM visible v LEFT JOIN used u ON u.id = v.id LEFT JOIN matches mt ON mt.id = v.id
-WHERE (v.days_unused < $12 OR mt.id IS NOT NULL OR v.desk_changed_on = $11)
+-- Only what the core's desk cache lacks (`DeskCache`). A memory it holds with this stamp (row
+-- version: same xmin = same row = the same Memory) is not sent, or only as id and similarities
+-- if it is a match; any other desk memory or match comes as a full row; a memory it holds that
+-- is not in `desk` any more comes as a marker (id NULL, known_id set).
+SELECT k.id AS known_id, d.id, {ROW_COLUMNS}, d.stamp, d.used_similarity, d.match_similarity,
+       ch.next_stamp, ch.days_unused AS next_days_unused, ch.last_used_at AS next_last_used_at,
+       ch.last_aged_on AS next_last_aged_on, ch.desk_changed_on AS next_desk_changed_on
+FROM desk d FULL JOIN unnest(${{KNOWN_IDS}}::bigint[], ${{KNOWN_STAMPS}}::bigint[]) AS k (id, stamp) ON k.id = d.id
+LEFT JOIN changed ch ON ch.id = d.id AND ch.old_stamp = d.stamp
+-- the full row by primary key, only for those sent in full (OFFSET 0 keeps the planner from
+-- turning this into a hash join over the whole table, as the generic plan did)
+LEFT JOIN LATERAL (
+    SELECT * FROM memories WHERE memories.id = d.id AND k.stamp IS DISTINCT FROM d.stamp OFFSET 0
+) AS m ON true
+WHERE (d.id IS NULL OR k.stamp IS DISTINCT FROM d.stamp OR d.match_similarity IS NOT NULL OR ch.id IS NOT NULL)
   AND (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
 """
+# The desk cache's two parameters come after every parameter of the search itself, numbered here
+# from the statement text: adding search parameters never needs renumbering them, and
+# `reply_search` passes them last.
+DESK_CACHE_PARAM = max(int(n) for n in re.findall(r"\$(\d+)", REPLY_SEARCH_SQL)) + 1
+REPLY_SEARCH_SQL = REPLY_SEARCH_SQL.replace("${KNOWN_IDS}", f"${DESK_CACHE_PARAM}").replace(
+    "${KNOWN_STAMPS}", f"${DESK_CACHE_PARAM + 1}"
+)
 
 
 async def reply_search(
@@ -204,16 +272,31 @@ async def reply_search(
     now: datetime,
     today: date,
     desk_below_days: int,
-    max_matches: int | None = None,
+    max_recalled: int = 0,
     dormant_after: int | None = None,
+    lexical: LexicalQuery | None = None,
+    lexical_weight: float = 0.0,
+    known_ids: Sequence[int] = (),
+    known_stamps: Sequence[int] = (),
 ) -> list[asyncpg.Record]:
     """Run SPEC §2 steps 2 and 4-6 in one statement and return the pre-search snapshot.
 
     With `query_vector` None nothing is scored or changed (failed search, decay off, no embedder).
+    A memory's score is its cosine similarity plus `lexical_weight` x the IDF-weighted share of
+    the `lexical` words it holds (hybrid scoring; weight 0 = cosine alone, as SPEC §2 words it).
     Returns the visible memories with `days_unused < desk_below_days` (the desk), those that joined
-    the desk today, and the best `max_matches` matches (`match_similarity`; the first `max_used` of
-    them are used: `used_similarity`, reset). A used memory at `dormant_after` days or more is a
-    recall: its `desk_changed_on` becomes today. Values are as they were before this statement.
+    the desk today, and the matches (`match_similarity`): the best `max_used` scoring at least
+    `min_similarity` are used (`used_similarity`, reset), and up to `max_recalled` more dormant ones
+    (`days_unused >= dormant_after`) come along for the prompt's tail without a reset. A used memory
+    at `dormant_after` days or more is a recall: its `desk_changed_on` becomes today. Values are as
+    they were before this statement.
+
+    `known_ids`/`known_stamps` are the memories the caller already holds and their row versions
+    (`stamp`, the row's xmin, as returned here). A held memory whose row has not changed does not
+    come back, or, if it is a match, comes back with its id, stamp and similarities only (the
+    other columns NULL); one that is not in the snapshot any more comes back as a marker row (`id`
+    NULL, `known_id` set). Every other row of the snapshot comes back in full, so with nothing
+    known the whole snapshot is returned. `known_id` is set on every row whose id was known.
     """
     return await conn.fetch(
         REPLY_SEARCH_SQL,
@@ -229,8 +312,13 @@ async def reply_search(
         now,
         today,
         desk_below_days,
-        max_matches if max_matches is not None else max_used,
+        max_recalled,
         dormant_after if dormant_after is not None else desk_below_days,
+        lexical.words if lexical is not None else "",
+        lexical.names if lexical is not None else "",
+        lexical_weight if lexical is not None else 0.0,
+        list(known_ids),  # always last: $DESK_CACHE_PARAM
+        list(known_stamps),
     )
 
 
@@ -1390,3 +1478,150 @@ async def receipt_for_message(conn: Connection, message_id: int) -> dict[str, An
     if raw is None:
         return None
     return json.loads(raw) if isinstance(raw, str) else raw
+
+
+# === reply context (the reply pipeline's per-reply statements, issue 5) ==============================
+# A reply used to run about fourteen statements over eight pool acquisitions. These fold them: one
+# write for the incoming message and the names it brings, one read for everything the prompt needs
+# besides the search (window, persona, lore, server settings, names, the previous head), and one for
+# the receipt. Each read is done fresh per reply, so an admin's change made through another bot
+# process shows on the next reply, as before: nothing here is cached.
+
+async def record_reply_message(
+    conn: Connection,
+    *,
+    guild_id: int | None,
+    channel_id: int,
+    message_id: int,
+    author_id: int,
+    author_name: str,
+    is_bot: bool,
+    text: str,
+    reply_to: int | None,
+    mention_ids: Sequence[int],
+    created_at: datetime,
+    names: dict[int, str],
+) -> None:
+    """`record_chat_message` plus `remember_user_name` for each of `names` (the author, the people
+    mentioned), in one statement. Names are upserted in id order, so two replies never wait on each
+    other's rows in opposite orders."""
+    ids = sorted(names)
+    await conn.execute(
+        "WITH message AS ("
+        f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS})"
+        "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL) ON CONFLICT (channel_id, message_id) DO NOTHING"
+        "   RETURNING 1"
+        ") INSERT INTO chat_users (user_id, name)"
+        " SELECT user_id, name FROM unnest($11::bigint[], $12::text[]) AS given (user_id, name)"
+        " ON CONFLICT (user_id) DO UPDATE SET name = EXCLUDED.name, updated_at = now() WHERE chat_users.name <> EXCLUDED.name",
+        channel_id,
+        message_id,
+        guild_id,
+        author_id,
+        author_name,
+        is_bot,
+        text,
+        reply_to,
+        list(mention_ids),
+        created_at,
+        ids,
+        [names[user_id] for user_id in ids],
+    )
+
+
+REPLY_CONTEXT_SQL = """
+WITH recent AS (
+    SELECT message_id, author_id, author_name, is_bot, text, reply_to FROM chat_messages
+    WHERE channel_id = $1 AND message_id < $2 ORDER BY message_id DESC LIMIT greatest($3::int - 1, 0)
+), named AS (
+    SELECT user_id, name FROM chat_users
+    WHERE user_id = ANY ($5::bigint[] || ARRAY(SELECT author_id FROM recent))
+)
+SELECT p.name, p.prompt, p.attributes::text AS attributes,
+       ARRAY(SELECT text FROM lore_entries WHERE persona_id = $4 ORDER BY id) AS lore,
+       (SELECT json_agg(recent ORDER BY message_id) FROM recent)::text AS recent,
+       ARRAY(SELECT user_id FROM named ORDER BY user_id) AS name_ids,
+       ARRAY(SELECT name FROM named ORDER BY user_id) AS names,
+       (SELECT head_hash FROM reply_receipts WHERE channel_id = $1 ORDER BY id DESC LIMIT 1) AS previous_head,
+       g.guild_id IS NOT NULL AS has_settings, g.notices, g.notice_verbosity, g.log_channel_id, g.self_teaching,
+       g.member_teaching, g.personal_memories, g.tagging, g.auto_reply_channel_ids
+FROM personas p LEFT JOIN guild_settings g ON g.guild_id = $6
+WHERE p.id = $4
+"""
+
+
+async def reply_context(
+    conn: Connection,
+    *,
+    channel_id: int,
+    answered_message_id: int,
+    context_messages: int,
+    persona_id: int,
+    guild_id: int | None,
+    user_ids: Iterable[int],
+) -> dict[str, Any]:
+    """What a reply's prompt needs besides the search, in one statement (one snapshot).
+
+    - `window`: the messages of the channel before the answered one, oldest first: the last
+      `context_messages` up to and including the answered message, without it (as `context_window`
+      minus the answered message, which `record_reply_message` has stored);
+    - `persona` (as `get_persona`), `lore` (texts, as `list_lore`), `guild` (`GuildSettings`, None in DMs),
+      `previous_head` (as `previous_head_hash`);
+    - `names`: the stored names of `user_ids` and of every author in the window; `names_for` says which
+      ids were asked, so the caller knows whether a later id (a memory's owner) still needs a look-up.
+    """
+    asked = sorted(set(user_ids))
+    row = await conn.fetchrow(
+        REPLY_CONTEXT_SQL, channel_id, answered_message_id, context_messages, persona_id, asked, guild_id
+    )
+    if row is None:
+        raise LookupError(f"persona {persona_id} does not exist")
+    window = json.loads(row["recent"]) if row["recent"] else []
+    guild = None
+    if guild_id is not None:
+        guild = GuildSettings.from_row(guild_id, row if row["has_settings"] else None)
+    return {
+        "window": window,
+        "persona": {
+            "id": persona_id,
+            "name": row["name"],
+            "prompt": row["prompt"],
+            "attributes": json.loads(row["attributes"]) if row["attributes"] else {},
+        },
+        "lore": list(row["lore"]),
+        "guild": guild,
+        "previous_head": row["previous_head"],
+        "names": dict(zip(row["name_ids"], row["names"], strict=True)),
+        "names_for": {*asked, *(line["author_id"] for line in window)},
+    }
+
+
+async def save_reply_receipt(
+    conn: Connection,
+    *,
+    guild_id: int | None,
+    channel_id: int,
+    message_id: int,
+    head_hash: str,
+    receipt: dict[str, Any],
+    created_at: datetime,
+) -> None:
+    """`save_receipt` in one statement: store the receipt and keep the channel's latest ones.
+
+    The DELETE sees the table as it was before the INSERT (one snapshot), so it keeps
+    RECEIPTS_KEPT_PER_CHANNEL - 1 older receipts: with the new one, the same number as `save_receipt`.
+    """
+    await conn.execute(
+        "WITH added AS ("
+        "  INSERT INTO reply_receipts (guild_id, channel_id, message_id, head_hash, receipt, created_at)"
+        "  VALUES ($1, $2, $3, $4, $5::text::jsonb, $6) RETURNING id"
+        ") DELETE FROM reply_receipts WHERE channel_id = $2 AND id < ("
+        "  SELECT id FROM reply_receipts WHERE channel_id = $2 ORDER BY id DESC OFFSET $7 LIMIT 1)",
+        guild_id,
+        channel_id,
+        message_id,
+        head_hash,
+        json.dumps(receipt, ensure_ascii=False),
+        created_at,
+        RECEIPTS_KEPT_PER_CHANNEL - 2,
+    )
