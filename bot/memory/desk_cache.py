@@ -9,7 +9,11 @@ its row version (`stamp`: the row's xmin, the transaction that wrote that versio
 holds with another stamp, the id and similarities of every other match, and a marker for each held
 memory that is not in the snapshot any more (it left the desk, was hidden, changed or deleted).
 The rows sent are read by primary key at the end of the statement, so the search itself carries
-only ids, counters and stamps through its joins.
+only ids, counters and stamps through its joins. A memory sent that the statement itself reset or
+aged comes with the new row version's stamp and counters (`next_*`): the cache holds that version
+from then on, so the next reply does not send it again in full (the memories a reply uses would
+otherwise come back in full on the next one). The reply itself still sees the values from before
+the search (SPEC §2).
 
 Why this is exact: any write to a memory (counters, text, tags, channel limits, owner, persona)
 creates a new row version with a new xmin, and nothing of a `Memory` lives outside its row, so
@@ -118,8 +122,8 @@ class DeskCache:
 
     def resolve(
         self, keys: Sequence[PartKey], held: Held, rows: Iterable[Mapping[str, Any]], today: date
-    ) -> tuple[list[Memory], dict[int, tuple[Any, Any]]]:
-        """The whole snapshot, in prompt order, and the (used, match) similarities by memory id.
+    ) -> tuple[list[Memory], dict[int, tuple[Any, Any, Memory]]]:
+        """The whole snapshot, in prompt order, and (used, match similarity, the memory) of each match by id.
 
         Built from the statement's rows and what was held, and remembered for the next reply.
         Nothing is changed before every row has been read, so an error leaves the cache as it was.
@@ -129,7 +133,7 @@ class DeskCache:
         fresh: Held = {}  # this reply's snapshot where the cache lacked the memory or held another version
         written: Held = {}  # the versions this search wrote (resets, agings), to hold from now on
         gone: list[int] = []
-        similarities: dict[int, tuple[Any, Any]] = {}
+        similarities: dict[int, tuple[Any, Any, Memory]] = {}
         for row in rows:
             memory_id = row["id"]
             if memory_id is None:  # held, but not in the snapshot any more
@@ -147,7 +151,7 @@ class DeskCache:
                 written[memory_id] = (next_stamp, _as_written(entry[1], row), entry[2], entry[3])
             used, match = row["used_similarity"], row["match_similarity"]
             if used is not None or match is not None:
-                similarities[memory_id] = (used, match)
+                similarities[memory_id] = (used, match, entry[1])
         snapshot = {**held, **fresh}
         for memory_id in gone:
             snapshot.pop(memory_id, None)
