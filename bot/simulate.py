@@ -35,7 +35,9 @@ SCHEMA: dict[str, dict[str, tuple[Any, bool]]] = {
         "decay_enabled": (BOOL, False),
         "dormant_after_days": (INT, False),
         "max_used": (INT, False),
+        "max_recalled": (INT, False),
         "min_similarity": (NUM, False),
+        "lexical_weight": (NUM, False),
         "server_memory_limit": (INT, False),
         "personal_memory_limit": (INT, False),
         "embedder": (STR, False),
@@ -79,7 +81,9 @@ SETTING_FIELDS = {
     "decay_enabled": "memory_decay_enabled",
     "dormant_after_days": "dormant_after_days",
     "max_used": "max_used",
+    "max_recalled": "max_recalled",
     "min_similarity": "min_similarity",
+    "lexical_weight": "lexical_weight",
     "server_memory_limit": "server_memory_limit",
     "personal_memory_limit": "personal_memory_limit",
 }
@@ -152,6 +156,9 @@ def parse_scenario(lines: Iterable[str]) -> list[tuple[int, dict[str, Any]]]:
             for name in ("dormant_after_days", "max_used", "server_memory_limit", "personal_memory_limit"):
                 if name in step and step[name] < 1:
                     raise ScenarioError(f"{where}: {name} must be at least 1")
+            for name in ("max_recalled", "lexical_weight"):
+                if name in step and step[name] < 0:
+                    raise ScenarioError(f"{where}: {name} must be 0 or more")
         steps.append((number, step))
     return steps
 
