@@ -54,7 +54,7 @@ class Settings:
     memory_decay_enabled: bool = True
     dormant_after_days: int = 7
     max_used: int = 3
-    max_recalled: int = 10  # dormant matches shown in the tail beyond the used ones; 0 = SPEC §2 exactly
+    max_recalled: int = 10  # dormant matches shown in the tail, best first (used ones always); 0 = SPEC §2 exactly
     lexical_weight: float = 0.5  # hybrid scoring: cosine + this x weighted word overlap; 0 = cosine alone
     desk_refresh: str = "reply"
     min_similarity: float = DEFAULT_MIN_SIMILARITY

@@ -250,6 +250,17 @@ class Notices:
         return split_message("\n".join(self.lines))
 
 
+
+def recalled_label(item: dict[str, Any]) -> str:
+    """How a receipt shows one recalled memory: its score, and whether it came back to the desk.
+
+    The score is cosine similarity plus the word bonus (LEXICAL_WEIGHT), so it can exceed 1. Only
+    the used ones come back; the others (up to MAX_RECALLED) were shown and stay in the drawer.
+    Receipts stored before this field existed only held used ones.
+    """
+    where = "back on the desk" if item.get("back", True) else "shown, stays in the drawer"
+    return f"score {float(item['similarity']):.2f}, {where}"
+
 @dataclass
 class Receipt:
     """Why each memory was in the prompt (SPEC §8), the token counts, and whether the head held."""
@@ -297,7 +308,7 @@ class Receipt:
         desk = ", ".join(f"#{i}" for i in self.desk_ids) or "nothing"
         lines = [f"desk: {desk}"]
         if self.recalled:
-            shown = ", ".join(f"#{item['id']} (similarity {item['similarity']:.2f})" for item in self.recalled)
+            shown = ", ".join(f"#{item['id']} ({recalled_label(item)})" for item in self.recalled)
             lines.append(f"recalled from the drawer: {shown}")
         else:
             lines.append(f"recalled: nothing ({self.nothing_recalled_because})")
@@ -1061,8 +1072,11 @@ class ReplyPipeline:
         sources: dict[str, dict[str, Any]] | None = None,
     ) -> Receipt:
         kept_tail = {item.memory_id for item in prompt.tail} if prompt else set()
-        recalled = [
-            {"id": s.memory.id, "similarity": round(s.similarity, 4)} for s in recall.recalled if s.memory.id in kept_tail
+        used = {s.memory.id for s in recall.used}
+        recalled = [  # "back": used, so on the desk from the next reply on; else only shown (MAX_RECALLED)
+            {"id": s.memory.id, "similarity": round(s.similarity, 4), "back": s.memory.id in used}
+            for s in recall.recalled
+            if s.memory.id in kept_tail
         ]
         if not recall.search_ok:
             why = f"the search failed: {recall.failure}"
@@ -1161,11 +1175,11 @@ class ReplyPipeline:
         for memory in desk:
             about = f" about {user_label(memory.owner_id, names)}" if memory.owner_id else ""
             lines.append(f"  #{memory.id} [{memory.list.value}{about}, {memory.days_unused} days unused] {memory.text}")
-        similarity = {item["id"]: item["similarity"] for item in receipt.recalled}
-        recalled = [s.memory for s in recall.recalled if s.memory.id in similarity]
+        items = {item["id"]: item for item in receipt.recalled}
+        recalled = [s.memory for s in recall.recalled if s.memory.id in items]
         if recalled:
             lines.append("Recalled from the drawer (dormant, but they match this message):")
-            lines += [f"  #{m.id} (similarity {similarity[m.id]:.2f}) {m.text}" for m in recalled]
+            lines += [f"  #{m.id} ({recalled_label(items[m.id])}) {m.text}" for m in recalled]
         else:
             lines.append(f"Recalled: nothing, because {receipt.nothing_recalled_because}.")
         for title, items in (("Older chat of this channel", receipt.history), ("Document passages", receipt.documents)):

@@ -14,7 +14,7 @@ import re
 import discord
 
 from bot.memory.models import Memory, MemoryList
-from bot.pipeline import Receipt, tail_item_label, token_parts
+from bot.pipeline import Receipt, recalled_label, tail_item_label, token_parts
 from cogs.ui import COLOUR, clip
 
 MESSAGE_LINK = re.compile(r"^(?:https?://(?:\w+\.)?discord(?:app)?\.com/channels/(\d+|@me)/(\d+)/)?(\d{5,20})/?$")
@@ -67,7 +67,7 @@ def receipt_embed(receipt: Receipt, memories: dict[int, Memory], viewer_id: int,
     embed.add_field(name=f"On the desk ({len(receipt.desk_ids)})", value=_lines(desk, "nothing"), inline=False)
 
     recalled = [
-        _memory_line(memories.get(int(item["id"])), int(item["id"]), viewer_id, f"similarity {item['similarity']:.2f}")
+        _memory_line(memories.get(int(item["id"])), int(item["id"]), viewer_id, recalled_label(item))
         for item in receipt.recalled
     ]
     embed.add_field(

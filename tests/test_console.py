@@ -67,7 +67,7 @@ async def test_console_process_without_a_chat_model_shows_desk_recall_and_decay(
     assert "Recalled: nothing" in first and "Tokens:" in first
     assert "#1 [drawer, 1 days unused" in second  # aged on the second chat day: dormant
     assert "Desk: 0 active memories." in third
-    assert "Recalled from the drawer" in third and "#1 (similarity" in third
+    assert "Recalled from the drawer" in third and "#1 (score" in third and "back on the desk" in third
     assert "#1 [desk, 0 days unused" in third  # recalled, so active again
     assert "error: there is no memory #99 that you can change here" in out
     assert "unknown command /nonsense" in out

@@ -122,3 +122,17 @@ async def test_max_recalled_shows_more_dormant_matches_but_only_used_ones_come_b
     extra = recall.recalled[1].memory.id
     after = await core.reply_search(message("nice weather today"))
     assert cat.id in [m.id for m in after.desk] and extra not in [m.id for m in after.desk]  # shown, not reset
+
+
+async def test_a_message_of_common_words_alone_gets_only_a_small_bonus(make_core: MakeCore, clock: ManualClock) -> None:
+    clock.set_date(DAY1)
+    hybrid = await make_core(max_used=10, min_similarity=-1.0, lexical_weight=0.5)
+    cosine = await make_core(max_used=10, min_similarity=-1.0, lexical_weight=0.0)
+    saved = [await save_ok(hybrid, server_memory(text)) for text in (*MEMORIES, "Juno's cat naps after breakfast")]
+    cats = (saved[0].id, saved[3].id)
+    with_words, alone = await scores(hybrid, "cat"), await scores(cosine, "cat")
+    # "cat" is in 2 of 4 memories (IDF ln(5/3)); the whole weighs at least one word held by a single
+    # memory (ln(5/2)), so each cat memory gets 0.5 x ln(5/3)/ln(5/2), not the whole 0.5
+    expected = 0.5 * math.log(5 / 3) / math.log(5 / 2)
+    assert all(with_words[m] - alone[m] == pytest.approx(expected, abs=1e-6) for m in cats)
+    assert expected < 0.3

@@ -387,7 +387,7 @@ async def test_no_chat_model_shows_what_would_have_been_sent(
     text = outcome.text
     assert "no chat model configured" in text and "CHAT_MODEL" in text
     assert "Desk: 0 active memories." in text
-    assert f"#{pixel} (similarity" in text and "Rin's dog is called Pixel" in text
+    assert f"#{pixel} (score" in text and "back on the desk" in text and "Rin's dog is called Pixel" in text
     assert "Tokens:" in text
 
     outcome = await pipeline.reply(message(RIN, "speedrunning Celeste is so hard", clock=clock))
@@ -510,3 +510,20 @@ async def test_tail_sources_reuse_the_one_embedding_and_go_near_the_end(
     final = chat.messages()[-1]["content"]
     assert final.index("Rule 1: be kind") < final.index("[Message to answer")
     assert "Rule 1" not in chat.messages()[0]["content"]
+
+
+async def test_the_receipt_tells_a_memory_that_came_back_from_one_only_shown(
+    make_pipeline: MakePipeline, clock: ManualClock
+) -> None:
+    pipeline = await make_pipeline(chat_base_url="", chat_model="", dormant_after_days=1, max_used=1, max_recalled=2)
+    dog = await save(pipeline.core, "Rin's dog is called Pixel")
+    walks = await save(pipeline.core, "Rin walks the dog every evening")
+    clock.current += timedelta(days=1)
+    await pipeline.reply(message(RIN, "the train was late again", clock=clock))  # both age into the drawer
+    clock.current += timedelta(days=1)
+    outcome = await pipeline.reply(message(RIN, "tell me about my dog Pixel and our walks", clock=clock))
+    assert [s.memory.id for s in outcome.recall.used] == [dog]
+    assert f"#{dog} (score" in outcome.text and f"#{walks} (score" in outcome.text
+    lines = {line.split(")")[0] for line in outcome.text.splitlines() if line.strip().startswith("#")}
+    assert any(line.strip().startswith(f"#{dog} ") and "back on the desk" in line for line in lines)
+    assert any(line.strip().startswith(f"#{walks} ") and "stays in the drawer" in line for line in lines)

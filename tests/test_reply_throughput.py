@@ -106,19 +106,23 @@ async def test_requests_arriving_while_a_batch_runs_go_together_in_the_next_call
     np.testing.assert_allclose(later[5].result(), builtin_embedder.encode_now(["later 5"]), atol=1e-5)
 
 
-async def test_a_failed_batch_fails_only_its_own_callers(builtin_embedder: BuiltinEmbedder) -> None:
+async def test_a_text_the_model_cannot_embed_fails_only_its_own_caller(builtin_embedder: BuiltinEmbedder) -> None:
     model = CountingModel(builtin_embedder, fail_if="poison", delay=0.1)
     batcher = MicroBatchingEmbedder(model)
     embedder = DeadlineEmbedder(batcher, 30)
-    doomed = [asyncio.create_task(embedder.embed([text])) for text in ("poison", "innocent bystander")]
+    shared = [asyncio.create_task(embedder.embed(texts)) for texts in (["poison"], ["innocent bystander"], ["poison", "x"])]
     await model.started.wait()
     fine = [asyncio.create_task(embedder.embed([text])) for text in ("next batch", "also next")]
-    outcomes = await asyncio.gather(*doomed, *fine, return_exceptions=True)
-    assert len(model.batches) == 2
-    errors = outcomes[:2]
+    outcomes = await asyncio.gather(*shared, *fine, return_exceptions=True)
+    # the shared call failed, then each of its requests went alone; the later ones shared a call
+    assert model.batches[0] == ["poison", "innocent bystander", "poison", "x"]
+    assert model.batches[1:4] == [["poison"], ["innocent bystander"], ["poison", "x"]]
+    assert model.batches[4:] == [["next batch", "also next"]]
+    errors = [outcomes[0], outcomes[2]]
     assert all(isinstance(error, EmbeddingError) and "RuntimeError: the model ran out" in str(error) for error in errors)
     assert errors[0] is not errors[1]  # one exception each: tracebacks of different tasks never pile up on one object
-    np.testing.assert_allclose(outcomes[2], builtin_embedder.encode_now(["next batch"]), atol=1e-5)
+    np.testing.assert_allclose(outcomes[1], builtin_embedder.encode_now(["innocent bystander"]), atol=1e-5)
+    np.testing.assert_allclose(outcomes[3], builtin_embedder.encode_now(["next batch"]), atol=1e-5)
     assert (await embedder.embed(["after the failure"])).shape == (1, 512)  # the batcher keeps working
 
 
@@ -146,14 +150,18 @@ async def test_a_failed_batch_during_concurrent_replies_ages_and_resets_nothing(
     clock.set_date(date(2026, 1, 3))
     before = [tuple(row) for row in await pool.fetch("SELECT id, days_unused, last_aged_on, last_used_at FROM memories")]
     calls = len(model.batches)  # saving embedded the memories
-    recalls = await asyncio.gather(
-        *(core.reply_search(Conversation(GUILD, CHANNEL + i, JUNO, text)) for i, text in enumerate(["how is Mochi?", "hi"]))
+    await core.persona_id(GUILD + 1)
+    recalls = await asyncio.gather(  # "hi" in another server, whose search touches none of these memories
+        core.reply_search(Conversation(GUILD, CHANNEL, JUNO, "how is Mochi?")),
+        core.reply_search(Conversation(GUILD + 1, CHANNEL + 1, JUNO, "hi")),
     )
-    assert model.batches[calls:] == [["how is Mochi?", "hi"]] and not any(recall.search_ok for recall in recalls)
+    # the shared call failed; each request went again alone: only the failing one's search failed
+    assert model.batches[calls:] == [["how is Mochi?", "hi"], ["how is Mochi?"], ["hi"]]
+    assert [recall.search_ok for recall in recalls] == [False, True]
     after = [tuple(row) for row in await pool.fetch("SELECT id, days_unused, last_aged_on, last_used_at FROM memories")]
     assert after == before
     recall = await core.reply_search(Conversation(GUILD, CHANNEL, JUNO, "is the raid still on Thursday?"))
-    assert recall.search_ok and len(model.batches) == calls + 2
+    assert recall.search_ok and len(model.batches) == calls + 4
 
 
 # --- token counts cached by text ------------------------------------------------------------------------

@@ -123,10 +123,11 @@ class MicroBatchingEmbedder:
     and share it (up to `max_texts` texts; a larger request goes alone, never split). Idle, a request
     starts at the next tick: no timer, no added latency.
 
-    Each caller gets its own rows back, or an `EmbeddingError` when its batch failed: a failure fails
-    only the requests of that one batch (and, since a failed search changes nothing, ages or deletes
-    nothing). A caller that gave up (its deadline passed, see `DeadlineEmbedder`) is left out of the
-    batch if it has not started yet, and its rows are dropped if it had.
+    Each caller gets its own rows back, or an `EmbeddingError` when its own texts failed: when a
+    shared call fails, each of its requests is tried again alone, so one text the model cannot embed
+    fails only its own caller (and, since a failed search changes nothing, ages or deletes nothing).
+    A caller that gave up (its deadline passed, see `DeadlineEmbedder`) is left out of the batch if
+    it has not started yet, and its rows are dropped if it had.
     """
 
     def __init__(self, inner: Embedder, max_texts: int = 32) -> None:
@@ -173,19 +174,32 @@ class MicroBatchingEmbedder:
 
     async def _work(self) -> None:
         while batch := self._next_batch():
-            texts = [text for waiting in batch for text in waiting.texts]
-            self.calls += 1
-            self.texts += len(texts)
             try:
-                vectors = await self.inner.embed(texts)
-                if len(vectors) != len(texts):
-                    raise EmbeddingError(f"{self.space}: expected {len(texts)} vectors, got {len(vectors)}")
+                vectors = await self._call(batch)
             except asyncio.CancelledError:  # the loop is shutting down: nobody must wait forever
                 self._fail(batch, EmbeddingError(f"{self.space}: the embedding was cancelled"))
                 self._fail(self._waiting, EmbeddingError(f"{self.space}: the embedding was cancelled"))
                 raise
             except Exception as exc:
-                self._fail(batch, exc)
+                if len(batch) == 1:
+                    self._fail(batch, exc)
+                    continue
+                # One text the model cannot embed (say, one that yields an all-zero vector) must not
+                # fail the other replies that happened to share its call: each request again on its own.
+                for waiting in batch:
+                    if waiting.future.done():
+                        continue
+                    try:
+                        alone = await self._call([waiting])
+                    except asyncio.CancelledError:
+                        self._fail(batch, EmbeddingError(f"{self.space}: the embedding was cancelled"))
+                        self._fail(self._waiting, EmbeddingError(f"{self.space}: the embedding was cancelled"))
+                        raise
+                    except Exception as single:
+                        self._fail([waiting], single)
+                    else:
+                        if not waiting.future.done():
+                            waiting.future.set_result(alone)
                 continue
             start = 0
             for waiting in batch:
@@ -193,6 +207,15 @@ class MicroBatchingEmbedder:
                 if not waiting.future.done():
                     waiting.future.set_result(vectors[start:end])
                 start = end
+
+    async def _call(self, batch: Sequence[_Waiting]) -> np.ndarray:
+        texts = [text for waiting in batch for text in waiting.texts]
+        self.calls += 1
+        self.texts += len(texts)
+        vectors = await self.inner.embed(texts)
+        if len(vectors) != len(texts):
+            raise EmbeddingError(f"{self.space}: expected {len(texts)} vectors, got {len(vectors)}")
+        return vectors
 
     def _fail(self, batch: Sequence[_Waiting], exc: BaseException) -> None:
         """Each caller of the batch gets an EmbeddingError of its own (one exception object raised in many

@@ -131,8 +131,9 @@ class Recall:
 
     `desk` is the active set as it stood before this search, in prompt order (server memories by
     id, then personal memories grouped by user). `used` are the top matches, best first;
-    `recalled` the dormant ones among the best MAX_RECALLED matches (by default the used ones
-    that were dormant, SPEC §2), which go near the end of this reply's prompt.
+    `recalled` the dormant matches that go near the end of this reply's prompt, best first: the
+    used ones that were dormant (SPEC §2; they come back to the desk) and, up to MAX_RECALLED in
+    all, further dormant matches, which are shown but stay in the drawer.
     """
 
     search_ok: bool

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import asyncpg
 
 from bot.config import Settings
+from bot.db import SERVER_STARTS
 from bot.memory import store
 from bot.memory.desk_cache import DeskCache, prompt_order
 from bot.memory.embeddings import Embedder, EmbeddingError
@@ -110,6 +111,7 @@ class MemoryCore:
         self._personas: dict[int | None, int] = {}
         self._space_id: int | None = None
         self.vectors_wanted = asyncio.Event()  # set when a memory was stored without a vector
+        self._server_starts = SERVER_STARTS.changes
         # desk memories already built, so each reply's search returns only what changed (exact:
         # checked against row versions by the statement; see bot/memory/desk_cache.py)
         self.desk_cache = DeskCache()
@@ -180,6 +182,10 @@ class MemoryCore:
         parts = DeskCache.parts(conversation.guild_id, persona, conversation.participants)
         held = self.desk_cache.held(parts, today)
         async with self.pool.acquire() as conn:
+            if SERVER_STARTS.changes != self._server_starts:  # the server restarted: held versions prove nothing
+                self._server_starts = SERVER_STARTS.changes
+                self.desk_cache.clear()
+                held = {}
             rows = await store.reply_search(
                 conn,
                 guild_id=conversation.guild_id,
@@ -197,7 +203,7 @@ class MemoryCore:
                 desk_below_days=(dormant_after + 1 if daily else dormant_after) if decays else NEVER,
                 max_recalled=self.settings.max_recalled,
                 dormant_after=dormant_after,
-                lexical=lexical_query(conversation.text),
+                lexical=lexical_query(conversation.text) if decays and self.settings.lexical_weight > 0 else None,
                 lexical_weight=self.settings.lexical_weight,
                 known_ids=list(held),
                 known_stamps=[entry[0] for entry in held.values()],

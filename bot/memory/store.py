@@ -159,7 +159,7 @@ query AS (
     SELECT tsvector_to_array(words) AS words, tsvector_to_array(to_tsvector('english', $16::text)) AS names,
            array_to_string(tsvector_to_array(words), ' | ')::tsquery AS any_word
     FROM to_tsvector('english', $15::text) AS words
-    WHERE $6::vector IS NOT NULL AND $17::float8 > 0
+    WHERE $6::vector IS NOT NULL AND $17::float8 > 0 AND length(words) > 0
 ),
 candidates AS (  -- cosine: NULL without a vector of this space and size (not searchable);
                  -- hit_terms: the memory's words if it holds any of the message's (lexical), else NULL
@@ -188,8 +188,11 @@ word_weights AS (  -- IDF over this reply's searchable set (a word no memory hol
     FROM query q CROSS JOIN unnest(q.words) AS w (lexeme) LEFT JOIN word_hits h ON h.lexeme = w.lexeme
     GROUP BY w.lexeme, q.names
 ),
-lexical AS (  -- share of the message's (weighted) words a memory holds, in [0, 1]
-    SELECT h.id, sum(w.weight) / nullif((SELECT sum(weight) FROM word_weights), 0) AS overlap
+lexical AS (  -- share of the message's (weighted) words a memory holds, in [0, 1]; the whole never
+              -- weighs less than one word held by a single memory, so a message of common words alone
+              -- ("pizza?" where most memories mention pizza) gives only a small bonus
+    SELECT h.id, sum(w.weight) / nullif(greatest((SELECT sum(weight) FROM word_weights),
+                                                 ln((1 + (SELECT count(*) FROM visible)) / 2.0)), 0) AS overlap
     FROM word_hits h JOIN word_weights w USING (lexeme) GROUP BY h.id
 ),
 scored AS (  -- lexical is looked up only for the few memories holding a word: with none, it is never computed
@@ -692,18 +695,6 @@ async def has_chat_messages(conn: Connection, channel_id: int) -> bool:
     return bool(await conn.fetchval("SELECT EXISTS (SELECT 1 FROM chat_messages WHERE channel_id = $1)", channel_id))
 
 
-async def context_window(conn: Connection, channel_id: int, up_to_message_id: int, limit: int) -> list[asyncpg.Record]:
-    """The last `limit` messages of a channel up to and including `up_to_message_id`, oldest first."""
-    return await conn.fetch(
-        f"SELECT * FROM (SELECT {CHAT_MESSAGE_COLUMNS} FROM chat_messages"
-        "   WHERE channel_id = $1 AND message_id <= $2 ORDER BY message_id DESC LIMIT $3) AS latest"
-        " ORDER BY message_id",
-        channel_id,
-        up_to_message_id,
-        limit,
-    )
-
-
 async def reply_trigger_facts(
     conn: Connection, guild_id: int | None, author_id: int, channel_ids: Sequence[int]
 ) -> asyncpg.Record:
@@ -786,35 +777,6 @@ async def delete_lore(conn: Connection, persona_id: int, lore_id: int) -> bool:
 
 
 RECEIPTS_KEPT_PER_CHANNEL = 200
-
-
-async def save_receipt(
-    conn: Connection,
-    *,
-    guild_id: int | None,
-    channel_id: int,
-    message_id: int,
-    head_hash: str,
-    receipt: dict[str, Any],
-    created_at: datetime,
-) -> None:
-    """Store a reply's receipt, keeping only the latest ones of the channel."""
-    await conn.execute(
-        "INSERT INTO reply_receipts (guild_id, channel_id, message_id, head_hash, receipt, created_at)"
-        " VALUES ($1, $2, $3, $4, $5::text::jsonb, $6)",
-        guild_id,
-        channel_id,
-        message_id,
-        head_hash,
-        json.dumps(receipt, ensure_ascii=False),
-        created_at,
-    )
-    await conn.execute(
-        "DELETE FROM reply_receipts WHERE channel_id = $1 AND id < ("
-        " SELECT id FROM reply_receipts WHERE channel_id = $1 ORDER BY id DESC OFFSET $2 LIMIT 1)",
-        channel_id,
-        RECEIPTS_KEPT_PER_CHANNEL - 1,
-    )
 
 
 async def previous_head_hash(conn: Connection, channel_id: int) -> str | None:
@@ -1620,10 +1582,10 @@ async def save_reply_receipt(
     receipt: dict[str, Any],
     created_at: datetime,
 ) -> None:
-    """`save_receipt` in one statement: store the receipt and keep the channel's latest ones.
+    """Store a reply's receipt and keep only the channel's latest ones, in one statement.
 
     The DELETE sees the table as it was before the INSERT (one snapshot), so it keeps
-    RECEIPTS_KEPT_PER_CHANNEL - 1 older receipts: with the new one, the same number as `save_receipt`.
+    RECEIPTS_KEPT_PER_CHANNEL - 1 older receipts: RECEIPTS_KEPT_PER_CHANNEL with the new one.
     """
     await conn.execute(
         "WITH added AS ("
