@@ -312,3 +312,32 @@ async def test_parts_older_than_yesterday_are_not_offered(make_core: MakeCore, c
     await core.reply_search(message(CHATTER[0]))
     assert core.desk_cache.held(parts, DAY1 + timedelta(days=2)) == {}
     assert len(core.desk_cache) == 0
+
+
+def held_texts(core: MemoryCore) -> set[str]:
+    return {entry[1].text for _day, part in core.desk_cache._parts.values() for entry in part.values()}
+
+
+async def test_deleted_memories_and_old_conversations_leave_the_process(
+    make_core: MakeCore, clock: ManualClock
+) -> None:
+    """Deleted memories are never served (their rows are gone), and their texts go from memory at once."""
+    from bot.memory.manage import MemoryManager
+
+    core = await make_core()
+    clock.set_date(DAY1)
+    cat = (await core.save(server_memory("Juno's cat is called Mochi"))).saved
+    assert cat is not None and (await core.save(personal_memory("Juno plays the cello", JUNO))).ok
+    await core.reply_search(message(CHATTER[0]))
+    assert held_texts(core) == {"Juno's cat is called Mochi", "Juno plays the cello"}
+    assert (await core.delete(cat.id, by=JUNO, by_can_manage=True)).forgotten
+    assert held_texts(core) == {"Juno plays the cello"}
+    await MemoryManager(core).delete_user_data(JUNO)
+    assert held_texts(core) == set()
+
+    assert (await core.save(server_memory("Movie night is on Friday"))).ok
+    await core.reply_search(message(CHATTER[0]))
+    assert held_texts(core) == {"Movie night is on Friday"}
+    other = DeskCache.parts(GUILD + 1, await core.persona_id(GUILD + 1), (JUNO,))
+    core.desk_cache.held(other, DAY1 + timedelta(days=3))  # any later look-up sweeps parts no search offered for days
+    assert held_texts(core) == set() and len(core.desk_cache) == 0

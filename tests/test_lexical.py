@@ -136,3 +136,9 @@ async def test_a_message_of_common_words_alone_gets_only_a_small_bonus(make_core
     expected = 0.5 * math.log(5 / 3) / math.log(5 / 2)
     assert all(with_words[m] - alone[m] == pytest.approx(expected, abs=1e-6) for m in cats)
     assert expected < 0.3
+
+
+def test_a_word_opening_a_line_or_a_sentence_is_no_name_and_capitals_tell_nothing() -> None:
+    assert lexical_query("hi there\nLater we play.  Then Mochi naps").names.split() == ["Mochi"]
+    assert lexical_query("WHERE IS MOCHI THE CAT").names == ""
+    assert lexical_query("I met Caroline at the LGBTQ group").names.split() == ["Caroline", "LGBTQ"]

@@ -107,6 +107,7 @@ class DeskCache:
 
     def held(self, keys: Sequence[PartKey], today: date) -> Held:
         """What the cache holds for these parts, from a search made today or yesterday."""
+        self._sweep(today)
         held: Held = {}
         for key in keys:
             found = self._parts.get(key)
@@ -203,3 +204,29 @@ class DeskCache:
     def clear(self) -> None:
         self._parts.clear()
         self._size = 0
+
+    def discard(self, memory_ids: Iterable[int]) -> None:
+        """Let go of deleted memories at once. A deleted memory is never served (its row is gone, so the
+        next search marks it gone), but its text should not stay in the process's memory either."""
+        doomed = set(memory_ids)
+        for key, (day, part) in list(self._parts.items()):
+            kept = {memory_id: entry for memory_id, entry in part.items() if memory_id not in doomed}
+            if len(kept) != len(part):
+                self._drop(key)
+                if kept:
+                    self._parts[key] = (day, kept)
+                    self._size += len(kept)
+
+    def discard_owner(self, user_id: int) -> None:
+        """Let go of everything held of one user's personal lists (their data was deleted)."""
+        for key in [key for key in self._parts if not key[0] and key[1] == user_id]:
+            self._drop(key)
+
+    def _sweep(self, today: date) -> None:
+        """Drop parts no search offered for two days, from the least recently used end: a conversation
+        that is over should not keep its memories' texts in the process until the cache fills up."""
+        while self._parts:
+            key, (day, _part) = next(iter(self._parts.items()))
+            if _fresh_enough(day, today):
+                break
+            self._drop(key)

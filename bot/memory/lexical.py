@@ -51,6 +51,7 @@ _COMMON_ENGLISH = """
 COMMON_ENGLISH = frozenset(_COMMON_ENGLISH.split())
 
 WORD = re.compile(r"\w+", re.UNICODE)
+SENTENCE_BREAK = re.compile(r"(?<=[.!?¿¡…])\s+|\n+")
 # A capitalised word that does not open a sentence: a person, a pet, a place, a title.
 NAME = re.compile(r"(?<![.!?¿¡]\s)(?<!^)(?<![.!?¿¡])\b([^\W\d_][^\W_]*)\b", re.UNICODE)
 
@@ -85,7 +86,15 @@ def lexical_query(text: str) -> LexicalQuery:
     """
     words = _letters_and_digits(WORD.findall(text))
     kept = [w for w in words if not _is_stopword(w)]
+    # each line and each sentence on its own, so the word that opens one is never taken for a name;
+    # a message in capitals has no telling capitals at all
+    sentences = [] if text.isupper() else SENTENCE_BREAK.split(text.strip())
     names = _letters_and_digits(
-        [m.group(1) for m in NAME.finditer(text.strip()) if m.group(1)[0].isupper() and not _is_stopword(m.group(1))]
+        [
+            m.group(1)
+            for sentence in sentences
+            for m in NAME.finditer(sentence.strip())
+            if m.group(1)[0].isupper() and not _is_stopword(m.group(1))
+        ]
     )
     return LexicalQuery(words=" ".join(kept), names=" ".join(names))

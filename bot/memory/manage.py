@@ -740,4 +740,5 @@ class MemoryManager:
             counts = await store.delete_user_data(conn, user_id)
             await store.delete_user_history(conn, user_id)  # the chunks with their messages; rebuilt without them
             counts["chat_messages"] = await store.delete_user_chat_data(conn, user_id)
+        self.core.desk_cache.discard_owner(user_id)
         return counts

@@ -353,6 +353,7 @@ class MemoryCore:
                         )
                     forgotten.append(candidate)
                 await store.delete_memories(conn, [m.id for m in forgotten])
+                self.desk_cache.discard(m.id for m in forgotten)
 
             saved = await store.insert_memory(
                 conn,
@@ -451,6 +452,7 @@ class MemoryCore:
             if refusal is not None:
                 return refusal
             await store.delete_memories(conn, [memory_id])
+        self.desk_cache.discard([memory_id])
         return SaveResult(saved=None, forgotten=[memory], rejected=None, detail="deleted")
 
     # --- vectors for a new embedding space -----------------------------------------------------
