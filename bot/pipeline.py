@@ -511,7 +511,7 @@ class ReplyPipeline:
         async with self.core.pool.acquire() as conn:
             return await self._record(conn, message)
 
-    async def _record(self, conn: store.Connection, message: IncomingMessage) -> bool:
+    async def _record(self, conn: store.Connection, message: IncomingMessage, names: dict[int, str] | None = None) -> bool:
         return await store.record_chat_message(
             conn,
             guild_id=message.guild_id,
@@ -524,6 +524,7 @@ class ReplyPipeline:
             reply_to=message.reply_to,
             mention_ids=[user.id for user in message.mentions],
             created_at=message.created_at,
+            names=names,
         )
 
     async def needs_history(self, channel_id: int) -> bool:
@@ -649,20 +650,7 @@ class ReplyPipeline:
         # then everything the prompt needs besides the search. Nothing read here is cached between replies.
         given_names = {message.author_id: message.author_name} | {user.id: user.name for user in message.mentions}
         async with self.core.pool.acquire() as conn:
-            await store.record_reply_message(
-                conn,
-                guild_id=message.guild_id,
-                channel_id=message.channel_id,
-                message_id=message.message_id,
-                author_id=message.author_id,
-                author_name=message.author_name,
-                is_bot=message.is_bot,
-                text=message.text,
-                reply_to=message.reply_to,
-                mention_ids=[user.id for user in message.mentions],
-                created_at=message.created_at,
-                names=given_names,
-            )
+            await self._record(conn, message, names=given_names)
             context = await store.reply_context(
                 conn,
                 channel_id=message.channel_id,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, datetime
 from typing import Any
 
@@ -610,35 +610,41 @@ async def record_chat_message(
     reply_to: int | None,
     mention_ids: Sequence[int],
     created_at: datetime,
+    names: Mapping[int, str] | None = None,
 ) -> bool:
     """Store a message once; a second delivery (gateway resume, history backfill) changes nothing.
 
-    Returns whether the message was new. The author's latest display name is kept alongside.
+    Returns whether the message was new. The latest display names of `names` (by default the
+    author's; a reply adds the people it mentions) are kept alongside, in the same statement,
+    upserted in id order so two messages never wait on each other's rows in opposite orders.
     """
-    status = await conn.execute(
-        f"INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS})"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL) ON CONFLICT (channel_id, message_id) DO NOTHING",
-        channel_id,
-        message_id,
-        guild_id,
-        author_id,
-        author_name,
-        is_bot,
-        text,
-        reply_to,
-        list(mention_ids),
-        created_at,
-    )
-    await remember_user_name(conn, author_id, author_name)
-    return status.endswith(" 1")
-
-
-async def remember_user_name(conn: Connection, user_id: int, name: str) -> None:
-    await conn.execute(
-        "INSERT INTO chat_users (user_id, name) VALUES ($1, $2)"
-        " ON CONFLICT (user_id) DO UPDATE SET name = EXCLUDED.name, updated_at = now() WHERE chat_users.name <> EXCLUDED.name",
-        user_id,
-        name,
+    given = dict(names) if names is not None else {author_id: author_name}
+    ids = sorted(given)
+    return bool(
+        await conn.fetchval(
+            "WITH message AS ("
+            f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS})"
+            "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL) ON CONFLICT (channel_id, message_id) DO NOTHING"
+            "   RETURNING 1"
+            "), named AS ("
+            "  INSERT INTO chat_users (user_id, name)"
+            "  SELECT user_id, name FROM unnest($11::bigint[], $12::text[]) AS given (user_id, name)"
+            "  ON CONFLICT (user_id) DO UPDATE SET name = EXCLUDED.name, updated_at = now()"
+            "  WHERE chat_users.name <> EXCLUDED.name"
+            ") SELECT count(*) FROM message",
+            channel_id,
+            message_id,
+            guild_id,
+            author_id,
+            author_name,
+            is_bot,
+            text,
+            reply_to,
+            list(mention_ids),
+            created_at,
+            ids,
+            [given[user_id] for user_id in ids],
+        )
     )
 
 
@@ -1463,48 +1469,6 @@ async def receipt_for_message(conn: Connection, message_id: int) -> dict[str, An
 # the receipt. Each read is done fresh per reply, so an admin's change made through another bot
 # process shows on the next reply, as before: nothing here is cached.
 
-async def record_reply_message(
-    conn: Connection,
-    *,
-    guild_id: int | None,
-    channel_id: int,
-    message_id: int,
-    author_id: int,
-    author_name: str,
-    is_bot: bool,
-    text: str,
-    reply_to: int | None,
-    mention_ids: Sequence[int],
-    created_at: datetime,
-    names: dict[int, str],
-) -> None:
-    """`record_chat_message` plus `remember_user_name` for each of `names` (the author, the people
-    mentioned), in one statement. Names are upserted in id order, so two replies never wait on each
-    other's rows in opposite orders."""
-    ids = sorted(names)
-    await conn.execute(
-        "WITH message AS ("
-        f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS})"
-        "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL) ON CONFLICT (channel_id, message_id) DO NOTHING"
-        "   RETURNING 1"
-        ") INSERT INTO chat_users (user_id, name)"
-        " SELECT user_id, name FROM unnest($11::bigint[], $12::text[]) AS given (user_id, name)"
-        " ON CONFLICT (user_id) DO UPDATE SET name = EXCLUDED.name, updated_at = now() WHERE chat_users.name <> EXCLUDED.name",
-        channel_id,
-        message_id,
-        guild_id,
-        author_id,
-        author_name,
-        is_bot,
-        text,
-        reply_to,
-        list(mention_ids),
-        created_at,
-        ids,
-        [names[user_id] for user_id in ids],
-    )
-
-
 REPLY_CONTEXT_SQL = """
 WITH recent AS (
     SELECT message_id, author_id, author_name, is_bot, text, reply_to FROM chat_messages
@@ -1540,7 +1504,7 @@ async def reply_context(
 
     - `window`: the messages of the channel before the answered one, oldest first: the last
       `context_messages` up to and including the answered message, without it (as `context_window`
-      minus the answered message, which `record_reply_message` has stored);
+      minus the answered message, which `record_chat_message` has stored);
     - `persona` (as `get_persona`), `lore` (texts, as `list_lore`), `guild` (`GuildSettings`, None in DMs),
       `previous_head` (as `previous_head_hash`);
     - `names`: the stored names of `user_ids` and of every author in the window; `names_for` says which
