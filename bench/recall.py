@@ -1,4 +1,4 @@
-"""Section 1: the cost of the per-reply search against the bare top-k lower bound (issue 5 §1).
+"""Section 1: the cost of the per-reply search against the bare top-k lower bound.
 
 What is timed is what the bot runs: `MemoryCore.reply_search(Conversation)` — persona and space
 lookups (cached after the first reply), the one search statement (visibility, scoring, resets,
@@ -33,11 +33,12 @@ from bench.synth import BASE_DAY, SPACE, Dataset, Server, message_text
 from bot.config import Settings
 from bot.db import create_pool
 from bot.memory import store
+from bot.memory.clock import ManualClock
 from bot.memory.desk_cache import DeskCache
 from bot.memory.embeddings import EmbeddingSpace
 from bot.memory.lexical import lexical_query
 from bot.memory.models import Conversation
-from bot.memory.recall import ManualClock, MemoryCore
+from bot.memory.recall import MemoryCore
 
 TOPK_SQL = """
 SELECT m.id FROM memories m JOIN memory_vectors v ON v.memory_id = m.id AND v.space_id = $4

@@ -1,4 +1,4 @@
-"""Synthetic but realistic memories for the recall benchmark (issue 5 §1), loaded with COPY.
+"""Synthetic but realistic memories for the recall benchmark, loaded with COPY.
 
 Shape of the data, chosen to look like real servers rather than a uniform grid:
 - many servers; each holds up to its server list (≤ 100; a third are full) and 20–200 users;

@@ -194,14 +194,17 @@ def _profiler() -> _Profiler | None:
 async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_pid: int = 0) -> dict[str, Any]:
     import bot.bot  # noqa: F401  # the Discord layer, loaded as in the bot (peak RSS)
     from bench.synth import SPACE
+    from bot.chat.messages import IncomingMessage
+    from bot.chat.receipts import ReplyStatus
+    from bot.chat.reply import ReplyPipeline
     from bot.config import Settings
     from bot.db import create_pool
-    from bot.memory import store
+    from bot.memory.clock import ManualClock
     from bot.memory.embeddings import BuiltinEmbedder, create_embedder
     from bot.memory.models import Conversation
-    from bot.memory.recall import ManualClock, MemoryCore
-    from bot.pipeline import IncomingMessage, ReplyPipeline, ReplyStatus
+    from bot.memory.recall import MemoryCore
     from bot.prompt import Persona, PromptInput, build_prompt
+    from bot.services import build_services
 
     servers = [ServerInfo(**raw) for raw in json.loads(Path(servers_path).read_text(encoding="utf-8"))]  # noqa: ASYNC240
     rng = random.Random(5)
@@ -229,8 +232,7 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
     clock.set_date(BASE_DAY + timedelta(days=6000))
     core = MemoryCore(pool, embedder, settings, clock)
     space = await core.space_id()
-    async with pool.acquire() as conn:
-        assert space == await store.space_id(conn, SPACE)
+    assert embedder.space == SPACE, "the synthetic memories were embedded in the built-in model's space"
     count = await _reembed(pool, builtin, [s.guild_id for s in servers], space or 0)
     _say(f"re-embedded {count:,} memories of {len(servers)} servers with the built-in model")
 
@@ -330,26 +332,17 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
     ahead = PrecomputedEmbedder(builtin, distinct)
     batcher = embedder.inner
     assert isinstance(batcher, MicroBatchingEmbedder), "the bot wraps its built-in model in a MicroBatchingEmbedder"
-    pipelines = {
-        "pipeline": ReplyPipeline(core, settings, bot_user_id=BOT_USER_ID),
-        "whatif": ReplyPipeline(
-            MemoryCore(pool, DeadlineEmbedder(ahead, settings.embedding_timeout_s), settings, clock),
-            settings,
-            bot_user_id=BOT_USER_ID,
+    # wired as the bot wires them: chat-history recall and documents as tail sources
+    wired = {
+        "pipeline": build_services(core, bot_user_id=BOT_USER_ID),
+        "whatif": build_services(
+            MemoryCore(pool, DeadlineEmbedder(ahead, settings.embedding_timeout_s), settings, clock), bot_user_id=BOT_USER_ID
         ),
     }
+    pipelines = {name: services.pipeline for name, services in wired.items()}
     await pipelines["pipeline"].start()
-    try:  # chat-history recall and documents, registered on the pipeline as the bot does (issue 4)
-        from bot.memory.documents import DocumentLibrary
-        from bot.memory.history import HistoryIndex
-        from bot.tail_sources import install as install_tail_sources
-    except ImportError:
-        _say("(no chat-history / document tail sources in this checkout)")
-    else:
-        for pipeline in pipelines.values():
-            install_tail_sources(pipeline.tail_sources, HistoryIndex(pipeline.core), DocumentLibrary(pipeline.core))
     for server, channel in channels:  # a context window to start from, as a live channel has
-        await pipelines["pipeline"].record_history([message(server, channel) for _ in range(HISTORY_PER_CHANNEL)])
+        await wired["pipeline"].chat_log.record_backfill([message(server, channel) for _ in range(HISTORY_PER_CHANNEL)])
 
     def full_reply(pipeline: ReplyPipeline) -> Callable[[ServerInfo, int], Any]:
         async def one(server: ServerInfo, channel: int) -> None:

@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _commands(as_markdown: bool) -> int:
     """The slash-command tree from the real cogs, without a token, a database or a connection."""
-    from bot.commands_doc import command_tree, markdown
+    from bot.tools.commands_doc import command_tree, markdown
 
     tree = asyncio.run(command_tree())
     print(markdown(tree) if as_markdown else json.dumps(tree, ensure_ascii=False, indent=2))
@@ -52,7 +52,7 @@ def _fail(message: str, status: int = 1) -> int:
 
 
 def _simulate(path: str, settings: Settings) -> int:
-    from bot.simulate import ScenarioError, simulate
+    from bot.tools.simulate import ScenarioError, simulate
 
     try:
         with open(path, encoding="utf-8") as handle:
@@ -83,9 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     install_redaction(settings)  # before any log line: secrets never reach a log, whoever writes it
     use_discord = args.command in (None, "run") and bool(settings.discord_token)
     if use_discord:  # discord.py's own colourful format, for the bot and its libraries alike
-        import discord
+        from bot.bot import setup_logging
 
-        discord.utils.setup_logging(level=logging.getLevelName(settings.log_level), root=True)
+        setup_logging(settings)
     else:
         logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)-8s %(name)s: %(message)s")
     if args.command != "simulate":
@@ -96,15 +96,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "simulate":
             return _simulate(args.file, settings)
         if args.command == "check":
-            from bot.check import run_check
+            from bot.tools.check import run_check
 
             return asyncio.run(run_check(settings))
         if args.command == "reembed":
-            from bot.reembed import main as reembed
+            from bot.tools.reembed import main as reembed
 
             return reembed(settings)
         if args.command == "calibrate":
-            from bot.memory.calibration import run_cli
+            from bot.tools.calibration import run_cli
 
             return run_cli(args.file, settings)
         if use_discord:

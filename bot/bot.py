@@ -1,10 +1,9 @@
 """The Discord process: `DeskmateBot` and `run_bot`, what `python -m bot` starts when DISCORD_TOKEN is set.
 
-The bot holds the process-wide services (database, memory core, command operations, reply
-pipeline) and the cogs reach them through it. Start-up order matters: settings were validated
-by the caller; `setup_hook` (after login, before the gateway connects) opens the database,
-applies migrations, warms the embedder, loads the cogs and syncs the slash-command tree, so no
-event is handled before the services exist.
+`run_bot` opens the services first (`bot.services.open_services`: database, migrations, the
+warmed-up embedder, every service) and hands them to the bot, so no event is ever handled before
+they exist; the cogs reach them as `bot.services`. `setup_hook` (after login, before the gateway
+connects) loads the cogs, syncs the slash-command tree and starts the background work.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import aiohttp
@@ -23,16 +22,8 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot.config import Settings
-from bot.db import Database
-from bot.memory.documents import DocumentLibrary
-from bot.memory.embeddings import BuiltinEmbedder, create_embedder
-from bot.memory.history import HistoryIndex
-from bot.memory.manage import MemoryManager
-from bot.memory.recall import MemoryCore
-from bot.memory.upkeep import Upkeep
-from bot.pipeline import ReplyPipeline
 from bot.redact import install as install_redaction
-from bot.tail_sources import install as install_tail_sources
+from bot.services import Services, open_services
 
 T = TypeVar("T")
 
@@ -48,7 +39,12 @@ INVITE_PERMISSIONS = discord.Permissions(
     attach_files=True,
     read_message_history=True,
 )
-EXTENSIONS = ("cogs.memories", "cogs.personal", "cogs.settings", "cogs.privacy", "cogs.chat", "cogs.documents")
+EXTENSIONS = ("cogs.errors", "cogs.memories", "cogs.personal", "cogs.settings", "cogs.privacy", "cogs.chat", "cogs.documents")
+
+
+def setup_logging(settings: Settings) -> None:
+    """discord.py's own log format, for the bot and its libraries alike."""
+    discord.utils.setup_logging(level=logging.getLevelName(settings.log_level), root=True)
 
 
 def deskmate_intents() -> discord.Intents:
@@ -83,28 +79,11 @@ def shard_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-class DeskmateTree(app_commands.CommandTree):
-    """Every command error ends as one ephemeral sentence for the user (bugs also go to the log)."""
-
-    async def on_error(self, interaction: discord.Interaction, error: app_commands.AppCommandError, /) -> None:
-        from cogs.ui import report_error
-
-        await report_error(interaction, error)
-
-
 class DeskmateBot(commands.AutoShardedBot):
-    """The bot. Services can be injected (tests, `python -m bot commands`); otherwise `setup_hook` opens them."""
+    """The bot, on services that are already open (discord.py's "resources opened in main" pattern)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        database: Database | None = None,
-        core: MemoryCore | None = None,
-        pipeline: ReplyPipeline | None = None,
-        sync_commands: bool = True,
-        **options: Any,
-    ) -> None:
+    def __init__(self, services: Services, *, sync_commands: bool = True, **options: Any) -> None:
+        settings = services.settings
         options.setdefault("intents", deskmate_intents())
         for key, value in shard_options(settings).items():
             options.setdefault(key, value)
@@ -113,53 +92,19 @@ class DeskmateBot(commands.AutoShardedBot):
         # Deskmate never joins voice: skip discord.py's warnings about the optional voice libraries.
         discord.VoiceClient.warn_nacl = discord.VoiceClient.warn_dave = False
         super().__init__(
-            # Slash commands only; a mention is a chat message for the pipeline, never a prefix command.
+            # Slash commands only; a mention is a chat message for the chat cog, never a prefix command.
             command_prefix=commands.when_mentioned,
             help_command=None,
-            tree_cls=DeskmateTree,
             allowed_mentions=discord.AllowedMentions.none(),
             **options,
         )
         self.settings = settings
-        self.database = database
-        self._owns_database = database is None
-        self.core = core
-        self.manager: MemoryManager | None = MemoryManager(core, import_max_bytes=settings.import_max_bytes) if core else None
-        self.pipeline = pipeline
-        self._owns_pipeline = pipeline is None
+        self.services = services
         self.sync_commands = sync_commands
         self._stop_background: asyncio.Event | None = None
         self._background: list[asyncio.Task[None]] = []
-        # issue 4: chat-history recall, documents, and the vectors of everything searchable
-        self.history: HistoryIndex | None = None
-        self.documents: DocumentLibrary | None = None
-        self.upkeep: Upkeep | None = None
 
     # --- start-up -------------------------------------------------------------------------------
-
-    async def open_services(self) -> None:
-        """Database (embedded unless DATABASE_URL), embedder (warmed up), memory core, pipeline."""
-        settings = self.settings
-        if self.core is None:
-            if self.database is None:
-                self.database = await Database.open(settings)
-            builtin = None
-            if settings.embedding_provider == "builtin":
-                builtin = BuiltinEmbedder()
-                await asyncio.to_thread(builtin.warm_up)
-            self.core = MemoryCore(self.database.pool, create_embedder(settings, builtin), settings)
-        if self.manager is None:
-            self.manager = MemoryManager(self.core, import_max_bytes=settings.import_max_bytes)
-        if self.pipeline is None:
-            self.pipeline = ReplyPipeline(self.core, settings)
-            await self.pipeline.start()
-        if self.upkeep is None:
-            self.history = HistoryIndex(self.core)
-            self.documents = DocumentLibrary(self.core)
-            self.upkeep = Upkeep(self.core, self.history)
-            install_tail_sources(self.pipeline.tail_sources, self.history, self.documents)
-        if self.user is not None:
-            self.pipeline.bot_user_id = self.user.id
 
     async def load_cogs(self) -> None:
         for extension in EXTENSIONS:
@@ -178,14 +123,14 @@ class DeskmateBot(commands.AutoShardedBot):
         return synced
 
     async def setup_hook(self) -> None:
-        await self.open_services()
+        if self.user is not None:
+            self.services.chat.bot_user_id = self.user.id
         await self.load_cogs()
         if self.sync_commands:
             await self.sync_tree()
-        assert self.core is not None
         self._stop_background = asyncio.Event()
-        assert self.upkeep is not None  # chunks history and keeps every vector in the current embedding space
-        self._background.append(asyncio.create_task(self.upkeep.run(self._stop_background), name="upkeep"))
+        # chunks history and keeps every vector in the current embedding space
+        self._background.append(asyncio.create_task(self.services.upkeep.run(self._stop_background), name="upkeep"))
         self._background.append(asyncio.create_task(self._heartbeat(self._stop_background), name="heartbeat"))
 
     async def _touch_heartbeat(self) -> None:
@@ -218,7 +163,7 @@ class DeskmateBot(commands.AutoShardedBot):
     # --- shutdown -------------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Stop background work, disconnect, then close the pipeline, the pool and the embedded server."""
+        """Stop background work and disconnect (the services are closed by whoever opened them)."""
         if self._stop_background is not None:
             self._stop_background.set()
         for task in self._background:
@@ -228,12 +173,6 @@ class DeskmateBot(commands.AutoShardedBot):
                 await task
         self._background.clear()
         await super().close()
-        if self.pipeline is not None and self._owns_pipeline:
-            await self.pipeline.close()
-            self.pipeline = None
-        if self.database is not None and self._owns_database:
-            await self.database.close()
-            self.database = None
 
 
 class StartupError(RuntimeError):
@@ -253,10 +192,20 @@ def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
         return runner.run(main)
 
 
-async def run_bot(settings: Settings, *, bot: DeskmateBot | None = None) -> int:
-    """Run until SIGINT/SIGTERM or a fatal error, then shut down cleanly. Returns the exit status."""
+async def run_bot(settings: Settings, *, on_start: Callable[[DeskmateBot], object] | None = None, **options: Any) -> int:
+    """Open the services, run the bot on them until SIGINT/SIGTERM or a fatal error, then shut down cleanly.
+
+    Returns the exit status. `on_start` sees the bot before it connects (tests wait on it).
+    """
     install_redaction(settings)
-    bot = bot or DeskmateBot(settings)
+    async with open_services(settings) as services:
+        bot = DeskmateBot(services, **options)
+        if on_start is not None:
+            on_start(bot)
+        return await _run(bot, settings)
+
+
+async def _run(bot: DeskmateBot, settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

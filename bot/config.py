@@ -54,7 +54,7 @@ class Settings:
     memory_decay_enabled: bool = True
     dormant_after_days: int = 7
     max_used: int = 3
-    max_recalled: int = 10  # dormant matches shown in the tail, best first (used ones always); 0 = SPEC §2 exactly
+    max_recalled: int = 10  # dormant matches shown in the tail, best first (used ones always); 0 = only the used ones
     lexical_weight: float = 0.5  # hybrid scoring: cosine + this x weighted word overlap; 0 = cosine alone
     desk_refresh: str = "reply"
     min_similarity: float = DEFAULT_MIN_SIMILARITY
@@ -69,7 +69,7 @@ class Settings:
     embedding_batch_size: int = 64
     reembed_interval_s: float = 60.0
     pg_statement_cache: bool = True
-    # --- chat pipeline and Discord (issue 3) ---
+    # --- chat pipeline and Discord ---
     discord_token: str = ""
     dev_guild_id: int | None = None
     context_messages: int = 30
@@ -84,12 +84,12 @@ class Settings:
     max_tool_rounds: int = 3
     default_persona_name: str = DEFAULT_PERSONA_NAME
     default_persona_prompt: str = DEFAULT_PERSONA_PROMPT
-    # --- slash commands (issue 3) ---
+    # --- slash commands ---
     import_max_bytes: int = 1_048_576
-    # --- scale-out (issue 6) ---
+    # --- scale-out ---
     shard_count: int | None = None  # None: Discord's recommended count, all shards in this process
     shard_ids: tuple[int, ...] | None = None  # None: every shard of shard_count in this process
-    # --- chat-history recall, documents (issue 4) ---
+    # --- chat-history recall, documents ---
     history_min_similarity: float = 0.25
     history_token_budget: int = 600
     history_max_results: int = 3
@@ -246,7 +246,7 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
     )))
 
 
-# --- chat pipeline settings (issue 3) ---------------------------------------------------------
+# --- chat pipeline settings ---------------------------------------------------------
 
 def _snowflake(env: Mapping[str, str], name: str) -> int | None:
     """An optional Discord id (guild, channel): digits only, or unset."""
@@ -281,7 +281,7 @@ def _check_chat_budgets(settings: Settings) -> Settings:
     return settings
 
 
-# --- scale-out (issue 6) ------------------------------------------------------------------------
+# --- scale-out ------------------------------------------------------------------------
 
 MAX_SHARDS = 65_535
 
@@ -332,7 +332,7 @@ def _check_shards(settings: Settings) -> Settings:
     return settings
 
 
-# --- chat-history recall and documents (issue 4) -----------------------------------------------
+# --- chat-history recall and documents -----------------------------------------------
 
 # Chunks of chat and document passages are longer than memories, so their cosine to a short message
 # runs lower: measured with the built-in model, related pairs scored 0.25-0.62 and chatter at most 0.22.

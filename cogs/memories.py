@@ -1,4 +1,4 @@
-"""`/memories ...`: the server memories of this server's persona (SPEC §6).
+"""`/memories ...`: the server memories of this server's persona.
 
 Everyone may read the list (it is what the bot knows about the server). Changing it needs Manage
 Server, or, when the server switched member teaching on, anyone may add memories and change the
@@ -11,12 +11,12 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot.memory.manage import ListRef
+from bot.chat.receipts import Receipt
+from bot.memory.lists import ListRef
 from bot.memory.models import Memory
-from bot.pipeline import Receipt
 from cogs import memory_flows as flows
 from cogs.receipts import parse_message_ref, receipt_embed
-from cogs.ui import Refused, bot_of, can_manage, reply
+from cogs.ui import Refused, can_manage, reply, services_of
 
 NEEDS_MANAGE = (
     "only members with Manage Server can {what} (or anyone, for their own memories, when the server turns member teaching on)"
@@ -40,7 +40,7 @@ class Memories(commands.GroupCog, group_name="memories", group_description="What
 
     async def member_teaching(self, interaction: discord.Interaction) -> bool:
         assert interaction.guild_id is not None
-        return (await flows.manager_of(interaction).guild_settings(interaction.guild_id)).member_teaching
+        return (await services_of(interaction).servers.guild_settings(interaction.guild_id)).member_teaching
 
     async def changeable(self, interaction: discord.Interaction, memory_id: int, what: str) -> tuple[ListRef, Memory]:
         """The memory, if the caller may change it: Manage Server, or its author with member teaching on."""
@@ -145,17 +145,15 @@ class Memories(commands.GroupCog, group_name="memories", group_description="What
     @app_commands.describe(message="Link or id of the bot's reply, or of the message it answered (default: latest reply here)")
     async def why(self, interaction: discord.Interaction, message: app_commands.Range[str, 1, 200] | None = None) -> None:
         """The receipt of the latest reply in this channel, or of the reply a link points to (ephemeral)."""
-        pipeline = getattr(bot_of(interaction), "pipeline", None)
-        if pipeline is None:
-            raise Refused("the bot is still starting; try again in a moment")
+        chat_log = services_of(interaction).chat_log
         if message is None:
-            raw = await pipeline.receipt(channel_id=interaction.channel_id)
+            raw = await chat_log.receipt(channel_id=interaction.channel_id)
             missing = "I have not replied in this channel yet (or its receipts were deleted)"
         else:
             ref = parse_message_ref(message)
             if ref is None:
                 raise Refused("that is not a message link or id; use Copy Message Link on the bot's reply")
-            raw = await pipeline.receipt_for(ref[2])
+            raw = await chat_log.receipt_for(ref[2])
             missing = "I have no receipt for that message: it is not one of my replies, or it is too old"
         if raw is None or raw.get("guild_id") != interaction.guild_id:  # never show another server's receipt
             raise Refused(missing)

@@ -14,16 +14,17 @@ from datetime import UTC, datetime
 import discord
 from discord import app_commands
 
-from bot.memory.chart import days_unused_chart
-from bot.memory.manage import ImportMode, ImportPlan, ListRef, ListStats, ManageError, MemoryManager, Page, split_tags
+from bot.errors import Refusal
+from bot.memory.lists import ImportMode, ImportPlan, ListRef, ListStats, Page, split_tags
+from bot.memory.manage import MemoryManager
 from bot.memory.models import Memory, MemoryList
+from bot.tools.chart import days_unused_chart
 from cogs.ui import (
     COLOUR,
     LIST_PAGE_SIZE,
     Refused,
     TextModal,
     ask_confirmation,
-    bot_of,
     clip,
     defer_and_read,
     json_file,
@@ -36,23 +37,18 @@ from cogs.ui import (
     save_message,
     send_paged,
     sentence,
+    services_of,
 )
 
 AUTOCOMPLETE_LIMIT = 25
 
 
 def manager_of(interaction: discord.Interaction) -> MemoryManager:
-    manager = bot_of(interaction).manager
-    if manager is None:
-        raise Refused("the bot is still starting; try again in a moment")
-    return manager
+    return services_of(interaction).memories
 
 
 def parse_tags(raw: str | None) -> tuple[str, ...]:
-    try:
-        return split_tags(raw)
-    except ValueError as exc:
-        raise Refused(str(exc)) from None
+    return split_tags(raw)
 
 
 async def list_flow(interaction: discord.Interaction, ref: ListRef, page: int, title: str, empty: str) -> None:
@@ -260,8 +256,7 @@ def stats_embed(title: str, stats: ListStats) -> discord.Embed:
 
 async def stats_flow(interaction: discord.Interaction, ref: ListRef, title: str) -> None:
     """Counts, desk tokens, fill against the limit, and a PNG chart of days unused across the list."""
-    upkeep = getattr(bot_of(interaction), "upkeep", None)
-    stats = await manager_of(interaction).stats(ref, embedding_problem=upkeep.last_error if upkeep else None)
+    stats = await manager_of(interaction).stats(ref, embedding_problem=services_of(interaction).upkeep.last_error)
     embed = stats_embed(title, stats)
     if not stats.total:
         await reply(interaction, embed=embed)
@@ -277,6 +272,6 @@ async def memory_choices(
     """Autocomplete: never raises (Discord would only show 'loading options failed')."""
     try:
         memories = await manager_of(interaction).suggest(ref, current, created_by=created_by, limit=AUTOCOMPLETE_LIMIT)
-    except (ManageError, Refused):
+    except Refusal:
         return []
     return [memory_choice(memory) for memory in memories]

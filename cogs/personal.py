@@ -1,4 +1,4 @@
-"""`/personal memories ...`: the caller's own personal memories (SPEC §1, §6).
+"""`/personal memories ...`: the caller's own personal memories.
 
 A personal memory is tied to one persona (this server's, or the DM persona in direct messages)
 or Global (used wherever its owner talks to the bot). Only the owner sees and changes them, so
@@ -11,10 +11,10 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot.memory.manage import ListRef, Scope
-from bot.memory.models import Privacy
+from bot.memory.lists import ListRef, Scope
+from bot.servers.models import Privacy
 from cogs import memory_flows as flows
-from cogs.ui import reply
+from cogs.ui import reply, services_of
 
 SCOPE_CHOICES = [
     app_commands.Choice(name="Global and this server's persona (what the bot uses here)", value=Scope.ALL.value),
@@ -39,10 +39,10 @@ class Personal(commands.GroupCog, group_name="personal", group_description="Your
 
     async def where_unused(self, interaction: discord.Interaction) -> str | None:
         """A note when the caller's personal memories are not used here (privacy `full`, or switched off here)."""
-        manager = flows.manager_of(interaction)
-        if await manager.privacy(interaction.user.id) == Privacy.FULL:
+        servers = services_of(interaction).servers
+        if await servers.privacy(interaction.user.id) == Privacy.FULL:
             return "Note: your privacy level is `full`, so the bot does not use your personal memories (see `/privacy level`)."
-        if interaction.guild_id is not None and not (await manager.guild_settings(interaction.guild_id)).personal_memories:
+        if interaction.guild_id is not None and not (await servers.guild_settings(interaction.guild_id)).personal_memories:
             return "Note: this server has personal memories switched off, so the bot does not use them here."
         return None
 

@@ -1,4 +1,4 @@
-"""`/privacy ...`: a user's own privacy level and data, valid in every server and DM (SPEC §4, §6)."""
+"""`/privacy ...`: a user's own privacy level and data, valid in every server and DM."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot.memory.models import Privacy as PrivacyLevel
-from cogs import memory_flows as flows
-from cogs.ui import ask_confirmation, json_file, reply
+from bot.servers.models import Privacy as PrivacyLevel
+from cogs.ui import ask_confirmation, json_file, reply, services_of
 
 LEVEL_TEXT = {
     PrivacyLevel.NONE: "`none`: the bot may remember things about you and use them.",
@@ -33,20 +32,19 @@ class Privacy(commands.GroupCog, group_name="privacy", group_description="What t
         ]
     )
     async def level(self, interaction: discord.Interaction, level: str | None = None) -> None:
-        manager = flows.manager_of(interaction)
+        servers = services_of(interaction).servers
         if level is None:
-            current = await manager.privacy(interaction.user.id)
+            current = await servers.privacy(interaction.user.id)
             await reply(interaction, f"Your privacy level is {LEVEL_TEXT[current]}")
             return
         chosen = PrivacyLevel(level)
-        await manager.core.set_privacy(interaction.user.id, chosen)
+        await servers.set_privacy(interaction.user.id, chosen)
         await reply(interaction, f"Your privacy level is now {LEVEL_TEXT[chosen]} This applies in every server and in DMs.")
 
     @app_commands.command(name="export-my-data", description="Download everything the bot stores about you, as JSON")
     async def export_my_data(self, interaction: discord.Interaction) -> None:
-        manager = flows.manager_of(interaction)
         await interaction.response.defer(ephemeral=True, thinking=True)
-        data = await manager.export_user_data(interaction.user.id)
+        data = await services_of(interaction).export_user_data(interaction.user.id)
         await reply(
             interaction,
             f"Everything stored about you: {len(data['personal_memories'])} personal memories, "
@@ -56,11 +54,11 @@ class Privacy(commands.GroupCog, group_name="privacy", group_description="What t
 
     @app_commands.command(name="delete-my-data", description="Delete your personal memories, settings and messages, everywhere")
     async def delete_my_data(self, interaction: discord.Interaction) -> None:
-        manager = flows.manager_of(interaction)
+        services = services_of(interaction)
         user_id = interaction.user.id
 
         async def confirmed(_: discord.Interaction) -> str:
-            counts = await manager.delete_user_data(user_id)
+            counts = await services.delete_user_data(user_id)
             return (
                 f"Deleted {counts['personal_memories']} personal memories, your settings and {counts['chat_messages']} stored "
                 f"messages, in every server and DM. {counts['authored_server_memories']} server memories you added stay "

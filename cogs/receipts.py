@@ -1,4 +1,4 @@
-"""`/memories why`: a reply's receipt as an ephemeral embed (issue 4 item 3). Not an extension.
+"""`/memories why`: a reply's receipt as an ephemeral embed. Not an extension.
 
 The receipt says why each memory was in the prompt (on the desk; recalled from the drawer with its
 similarity), which older chat and document passages were added, the tokens of each part, whether
@@ -13,8 +13,8 @@ import re
 
 import discord
 
+from bot.chat.receipts import Receipt, recalled_label, tail_item_label, token_parts
 from bot.memory.models import Memory, MemoryList
-from bot.pipeline import Receipt, recalled_label, tail_item_label, token_parts
 from cogs.ui import COLOUR, clip
 
 MESSAGE_LINK = re.compile(r"^(?:https?://(?:\w+\.)?discord(?:app)?\.com/channels/(\d+|@me)/(\d+)/)?(\d{5,20})/?$")
@@ -75,11 +75,13 @@ def receipt_embed(receipt: Receipt, memories: dict[int, Memory], viewer_id: int,
         value=_lines(recalled, f"nothing: {receipt.nothing_recalled_because}"),
         inline=False,
     )
-    for title, section, items in (("Older chat", "history", receipt.history), ("Documents", "documents", receipt.documents)):
-        note = (receipt.sources.get(section) or {}).get("note")
+    for report in receipt.sources.values():
+        items, note = report.get("items") or [], report.get("note")
         if items or note:
             embed.add_field(
-                name=title, value=_lines([tail_item_label(item) for item in items], f"nothing: {note}"), inline=False
+                name=str(report.get("heading") or report.get("title") or "?"),
+                value=_lines([tail_item_label(item) for item in items], f"nothing: {note}"),
+                inline=False,
             )
     if receipt.nothing_added_because:
         embed.add_field(name="Nothing was recalled", value=clip(receipt.nothing_added_because, FIELD_LIMIT), inline=False)

@@ -1,4 +1,4 @@
-"""`/settings ...`: a server's Deskmate settings, for members with Manage Server (SPEC §6).
+"""`/settings ...`: a server's Deskmate settings, for members with Manage Server.
 
 The command is hidden from other members by its default permissions, and every call checks
 Manage Server again: a server admin can grant the command to more people in Discord's
@@ -9,34 +9,57 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot.memory.models import GuildSettings
-from bot.memory.upkeep import RebuildProgress, Upkeep
 from bot.memory.visibility import clean_text
-from bot.pipeline import ReplyPipeline
-from cogs import memory_flows as flows
-from cogs.ui import COLOUR, Refused, TextModal, bot_of, can_manage, clip, reply, sentence
+from bot.servers.models import GuildSettings
+from bot.servers.service import Servers
+from bot.upkeep import RebuildProgress, Upkeep
+from cogs.ui import COLOUR, Refused, TextModal, can_manage, clip, reply, sentence, services_of
 
 log = logging.getLogger(__name__)
 ReplyChannel = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.StageChannel | discord.Thread
 MAX_AUTO_REPLY_CHANNELS = 25
-MAX_ATTRIBUTES = 25
 MAX_LORE_ENTRIES = 25
 LORE_MAX_CHARS = 1000
 PERSONA_PROMPT_MAX_CHARS = 4000
 ON_OFF = {True: "on", False: "off"}
 
 
-def pipeline_of(interaction: discord.Interaction) -> ReplyPipeline:
-    pipeline = bot_of(interaction).pipeline
-    if pipeline is None:
-        raise Refused("the bot is still starting; try again in a moment")
-    return pipeline
+def servers_of(interaction: discord.Interaction) -> Servers:
+    return services_of(interaction).servers
+
+
+async def persona_prompt_modal(servers: Servers, guild_id: int) -> TextModal:
+    """The form that edits the persona prompt, filled with the current one."""
+    persona = await servers.persona(guild_id)
+
+    async def save(submitted: discord.Interaction, text: str, _: str | None) -> None:
+        await servers.update_persona(guild_id, prompt=clean_text(text, PERSONA_PROMPT_MAX_CHARS))
+        await reply(submitted, "Saved the persona prompt. It is part of every reply's prompt from now on.")
+
+    return TextModal(
+        "Persona prompt",
+        save,
+        label="Who is the bot here, and how does it talk?",
+        default=clip(persona["prompt"] or "", PERSONA_PROMPT_MAX_CHARS) or None,
+        max_length=PERSONA_PROMPT_MAX_CHARS,
+    )
+
+
+def lore_saver(servers: Servers, guild_id: int) -> Callable[[discord.Interaction, str, str | None], Awaitable[None]]:
+    """What saving a lore entry does, from the command's text or from the form."""
+
+    async def save(submitted: discord.Interaction, body: str, _: str | None) -> None:
+        entry = await servers.add_lore(guild_id, clean_text(body, LORE_MAX_CHARS), by=submitted.user.id)
+        await reply(submitted, f"Added lore entry #{entry['id']}. It is in every prompt from now on (it never decays).")
+
+    return save
 
 
 def settings_embed(guild: GuildSettings, persona: dict[str, Any], lore_count: int, blocked: int) -> discord.Embed:
@@ -83,28 +106,25 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         return interaction.guild_id
 
     async def change(self, interaction: discord.Interaction, message: str, **changes: object) -> None:
-        await flows.manager_of(interaction).core.update_guild_settings(self.guild_id(interaction), **changes)
+        await servers_of(interaction).update_guild_settings(self.guild_id(interaction), **changes)
         await reply(interaction, message)
 
     async def current(self, interaction: discord.Interaction) -> GuildSettings:
-        return await flows.manager_of(interaction).guild_settings(self.guild_id(interaction))
+        return await servers_of(interaction).guild_settings(self.guild_id(interaction))
 
     @app_commands.command(name="show", description="All of Deskmate's settings in this server")
     async def show(self, interaction: discord.Interaction) -> None:
         guild_id = self.guild_id(interaction)
-        manager = flows.manager_of(interaction)
-        pipeline = pipeline_of(interaction)
+        servers = servers_of(interaction)
         embed = settings_embed(
-            await manager.guild_settings(guild_id),
-            await pipeline.persona(guild_id),
-            len(await pipeline.lore(guild_id)),
-            len(await manager.blocklist(guild_id)),
+            await servers.guild_settings(guild_id),
+            await servers.persona(guild_id),
+            len(await servers.lore(guild_id)),
+            len(await servers.blocklist(guild_id)),
         )
-        history = getattr(bot_of(interaction), "history", None)
-        if history is not None:
-            off = await history.recall_off_channels(guild_id)
-            shown = "on everywhere" if not off else "off in " + " ".join(f"<#{channel}>" for channel in off)
-            embed.add_field(name="History recall", value=clip(shown, 1000), inline=False)
+        off = await services_of(interaction).history.recall_off_channels(guild_id)
+        shown = "on everywhere" if not off else "off in " + " ".join(f"<#{channel}>" for channel in off)
+        embed.add_field(name="History recall", value=clip(shown, 1000), inline=False)
         await reply(interaction, embed=embed)
 
     @app_commands.command(name="notices", description="Where notices about memories the bot saved or forgot go, and how detailed")
@@ -192,9 +212,7 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         channel="The channel (default: this one)",
     )
     async def history_recall(self, interaction: discord.Interaction, enabled: bool, channel: ReplyChannel | None = None) -> None:
-        history = getattr(bot_of(interaction), "history", None)
-        if history is None:
-            raise Refused("the bot is still starting; try again in a moment")
+        history = services_of(interaction).history
         target = channel.id if channel is not None else interaction.channel_id
         assert target is not None
         await history.set_recall(target, self.guild_id(interaction), enabled)
@@ -211,11 +229,8 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
 
     @embeddings.command(name="rebuild", description="Embed every memory, chat chunk and document passage with the current model")
     async def embeddings_rebuild(self, interaction: discord.Interaction) -> None:
-        upkeep = getattr(bot_of(interaction), "upkeep", None)
-        if upkeep is None:
-            raise Refused("the bot is still starting; try again in a moment")
         await interaction.response.defer(ephemeral=True, thinking=True)
-        await rebuild_flow(interaction, upkeep)
+        await rebuild_flow(interaction, services_of(interaction).upkeep)
 
     # --- blocklist ---
 
@@ -224,18 +239,18 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
     async def blocklist_add(self, interaction: discord.Interaction, user: discord.User) -> None:
         if user.bot:
             raise Refused("bots never get replies anyway; there is no need to block them")
-        await flows.manager_of(interaction).core.set_blocked(self.guild_id(interaction), user.id, True)
+        await servers_of(interaction).set_blocked(self.guild_id(interaction), user.id, True)
         await reply(interaction, f"Blocked {user.mention}: the bot will not answer them or use their personal memories here.")
 
     @blocklist.command(name="remove", description="Unblock a member")
     @app_commands.describe(user="The member to unblock")
     async def blocklist_remove(self, interaction: discord.Interaction, user: discord.User) -> None:
-        await flows.manager_of(interaction).core.set_blocked(self.guild_id(interaction), user.id, False)
+        await servers_of(interaction).set_blocked(self.guild_id(interaction), user.id, False)
         await reply(interaction, f"Unblocked {user.mention}.")
 
     @blocklist.command(name="list", description="Members the bot ignores in this server")
     async def blocklist_list(self, interaction: discord.Interaction) -> None:
-        blocked = await flows.manager_of(interaction).blocklist(self.guild_id(interaction))
+        blocked = await servers_of(interaction).blocklist(self.guild_id(interaction))
         if not blocked:
             await reply(interaction, "Nobody is blocked in this server.")
             return
@@ -280,7 +295,7 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
 
     @persona.command(name="show", description="The persona's name, prompt and attributes")
     async def persona_show(self, interaction: discord.Interaction) -> None:
-        persona = await pipeline_of(interaction).persona(self.guild_id(interaction))
+        persona = await servers_of(interaction).persona(self.guild_id(interaction))
         embed = discord.Embed(title=f"Persona: {persona['name']}", description=clip(persona["prompt"] or "(no prompt)", 4000))
         for key, value in sorted((persona.get("attributes") or {}).items()):
             embed.add_field(name=clip(key, 256), value=clip(str(value), 1024), inline=True)
@@ -292,31 +307,12 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         cleaned = " ".join(name.split())
         if not cleaned:
             raise Refused("the name cannot be blank")
-        await pipeline_of(interaction).update_persona(self.guild_id(interaction), name=cleaned)
+        await servers_of(interaction).update_persona(self.guild_id(interaction), name=cleaned)
         await reply(interaction, f"The persona is now called **{discord.utils.escape_markdown(cleaned)}**.")
 
     @persona.command(name="prompt", description="Write the persona prompt: who the bot is and how it talks here (opens a form)")
     async def persona_prompt(self, interaction: discord.Interaction) -> None:
-        guild_id = self.guild_id(interaction)
-        pipeline = pipeline_of(interaction)
-        persona = await pipeline.persona(guild_id)
-
-        async def save(submitted: discord.Interaction, text: str, _: str | None) -> None:
-            try:
-                cleaned = clean_text(text, PERSONA_PROMPT_MAX_CHARS)
-            except ValueError as exc:
-                raise Refused(str(exc)) from None
-            await pipeline.update_persona(guild_id, prompt=cleaned)
-            await reply(submitted, "Saved the persona prompt. It is part of every reply's prompt from now on.")
-
-        modal = TextModal(
-            "Persona prompt",
-            save,
-            label="Who is the bot here, and how does it talk?",
-            default=clip(persona["prompt"] or "", PERSONA_PROMPT_MAX_CHARS) or None,
-            max_length=PERSONA_PROMPT_MAX_CHARS,
-        )
-        await interaction.response.send_modal(modal)
+        await interaction.response.send_modal(await persona_prompt_modal(servers_of(interaction), self.guild_id(interaction)))
 
     @persona.command(name="attribute", description="Set a persona attribute (e.g. language = Spanish); no value removes it")
     @app_commands.describe(key="The attribute, e.g. language, tone, pronouns", value="Its value; leave empty to remove it")
@@ -326,28 +322,15 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         key: app_commands.Range[str, 1, 40],
         value: app_commands.Range[str, 1, 200] | None = None,
     ) -> None:
-        guild_id = self.guild_id(interaction)
-        pipeline = pipeline_of(interaction)
-        attributes = dict((await pipeline.persona(guild_id)).get("attributes") or {})
-        key = " ".join(key.split()).lower()
-        if value is None:
-            if attributes.pop(key, None) is None:
-                raise Refused(f"the persona has no attribute {key!r}")
-            message = f"Removed the attribute **{key}**."
-        else:
-            if key not in attributes and len(attributes) >= MAX_ATTRIBUTES:
-                raise Refused(f"a persona can have at most {MAX_ATTRIBUTES} attributes; remove one first")
-            attributes[key] = " ".join(value.split())
-            message = f"Set **{key}** = {attributes[key]}."
-        await pipeline.update_persona(guild_id, attributes=attributes)
-        await reply(interaction, message)
+        key, shown = await servers_of(interaction).set_persona_attribute(self.guild_id(interaction), key, value)
+        await reply(interaction, f"Removed the attribute **{key}**." if shown is None else f"Set **{key}** = {shown}.")
 
     # --- lore ---
 
     async def lore_autocomplete(self, interaction: discord.Interaction, current: str) -> list[app_commands.Choice[int]]:
-        if interaction.guild_id is None or bot_of(interaction).pipeline is None:
+        if interaction.guild_id is None:
             return []
-        entries = await pipeline_of(interaction).lore(interaction.guild_id)
+        entries = await servers_of(interaction).lore(interaction.guild_id)
         wanted = current.strip().lstrip("#").casefold()
         return [
             app_commands.Choice(name=clip(f"#{entry['id']} · {' '.join(entry['text'].split())}", 100), value=entry["id"])
@@ -361,27 +344,20 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         self, interaction: discord.Interaction, text: app_commands.Range[str, 1, LORE_MAX_CHARS] | None = None
     ) -> None:
         guild_id = self.guild_id(interaction)
-        pipeline = pipeline_of(interaction)
-        if len(await pipeline.lore(guild_id)) >= MAX_LORE_ENTRIES:
+        servers = servers_of(interaction)
+        if len(await servers.lore(guild_id)) >= MAX_LORE_ENTRIES:
             raise Refused(f"a server can have at most {MAX_LORE_ENTRIES} lore entries; remove one first")
-
-        async def save(submitted: discord.Interaction, body: str, _: str | None) -> None:
-            try:
-                cleaned = clean_text(body, LORE_MAX_CHARS)
-            except ValueError as exc:
-                raise Refused(str(exc)) from None
-            entry = await pipeline.add_lore(guild_id, cleaned, by=submitted.user.id)
-            await reply(submitted, f"Added lore entry #{entry['id']}. It is in every prompt from now on (it never decays).")
-
+        save = lore_saver(servers, guild_id)
         if text is not None:
             await save(interaction, text, None)
             return
-        modal = TextModal("New lore entry", save, label="Lore (in every prompt)", max_length=LORE_MAX_CHARS)
-        await interaction.response.send_modal(modal)
+        await interaction.response.send_modal(
+            TextModal("New lore entry", save, label="Lore (in every prompt)", max_length=LORE_MAX_CHARS)
+        )
 
     @lore.command(name="list", description="The always-on lore entries")
     async def lore_list(self, interaction: discord.Interaction) -> None:
-        entries = await pipeline_of(interaction).lore(self.guild_id(interaction))
+        entries = await servers_of(interaction).lore(self.guild_id(interaction))
         if not entries:
             await reply(interaction, "No lore entries yet. Add one with `/settings lore add`.")
             return
@@ -397,7 +373,7 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
     @app_commands.describe(entry="The entry to remove: start typing its text")
     @app_commands.autocomplete(entry=lore_autocomplete)
     async def lore_remove(self, interaction: discord.Interaction, entry: int) -> None:
-        if not await pipeline_of(interaction).remove_lore(self.guild_id(interaction), entry):
+        if not await servers_of(interaction).remove_lore(self.guild_id(interaction), entry):
             raise Refused(f"there is no lore entry #{entry} in this server")
         await reply(interaction, sentence(f"removed lore entry #{entry}"))
 

@@ -2,7 +2,7 @@
 
 Not an extension (no `setup`): the cogs import it. Everything that answers one person is
 ephemeral; every view answers only the person who ran the command, and every refusal is one
-ephemeral sentence that says why (SPEC §6).
+ephemeral sentence that says why.
 """
 
 from __future__ import annotations
@@ -12,16 +12,15 @@ import io
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import discord
 from discord import app_commands
 
-from bot.memory.manage import ManageError, MemoryView, Page, looks_like_instruction
+from bot.errors import Refusal
+from bot.memory.lists import MemoryView, Page, looks_like_instruction
 from bot.memory.models import Memory, MemoryList, SaveResult
-
-if TYPE_CHECKING:
-    from bot.bot import DeskmateBot
+from bot.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +32,8 @@ DESK, DRAWER = "🗂️ desk", "🗄️ drawer"
 COLOUR = discord.Colour.blurple()
 
 
-class Refused(app_commands.CheckFailure):
-    """A command or button cannot go ahead; the message is the sentence shown to the user."""
+class Refused(Refusal, app_commands.CheckFailure):
+    """A refusal raised where discord.py expects a check to fail (an `interaction_check`)."""
 
 
 def sentence(text: str) -> str:
@@ -103,8 +102,8 @@ def error_sentence(error: BaseException) -> str | None:
     """The sentence for an error a user caused, or None for a bug (logged, with a generic apology)."""
     if isinstance(error, app_commands.CommandInvokeError):
         error = error.original
-    if isinstance(error, Refused | ManageError):
-        return sentence(str(error))
+    if isinstance(error, Refusal):
+        return sentence(error.sentence)
     if isinstance(error, app_commands.NoPrivateMessage):
         return "This command only works in a server."
     if isinstance(error, app_commands.MissingPermissions):
@@ -146,8 +145,9 @@ async def defer_and_read(interaction: discord.Interaction, attachment: discord.A
         raise Refused(f"I could not download the file from Discord ({exc.status}); try again") from None
 
 
-def bot_of(interaction: discord.Interaction) -> DeskmateBot:
-    return interaction.client  # type: ignore[return-value]
+def services_of(interaction: discord.Interaction) -> Services:
+    """The bot's services: always there, since the bot is only made once they are open."""
+    return interaction.client.services  # type: ignore[attr-defined]
 
 
 def json_file(doc: dict[str, Any], filename: str) -> discord.File:
@@ -370,7 +370,7 @@ class ConfirmView(OwnedView):
         await interaction.response.defer()
         try:
             outcome = await self.on_confirm(interaction)
-        except (ManageError, Refused) as exc:
+        except (Refusal, Refused) as exc:
             outcome = sentence(str(exc))
         await interaction.edit_original_response(content=outcome, view=self, embed=None)
 

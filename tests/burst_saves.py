@@ -15,9 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bot.config import Settings
 from bot.db import create_pool
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder
 from bot.memory.models import Conversation, MemoryList, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
+from bot.memory.recall import MemoryCore
 
 LIMITS = {"server_memory_limit": 6, "personal_memory_limit": 4, "dormant_after_days": 1}
 

@@ -22,8 +22,9 @@ import pytest
 
 from bot.config import Settings
 from bot.db import apply_migrations, create_pool, drop_database, with_database
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder, Embedder
-from bot.memory.recall import ManualClock, MemoryCore
+from bot.memory.recall import MemoryCore
 from tests.fakes import FakeChatServer
 
 TEMPLATE = "deskmate_test_template"

@@ -28,7 +28,7 @@ from aiohttp import WSMsgType, web
 
 from bot.bot import DeskmateBot
 from bot.memory.recall import MemoryCore
-from bot.pipeline import ReplyPipeline
+from bot.services import build_services
 from tests.fakes import serve_locally
 
 BOT_ID = 900_000_000_000_000_001
@@ -677,7 +677,7 @@ async def slash_harness(core: MemoryCore) -> AsyncIterator[SlashHarness]:
     """A `DeskmateBot` on `core` with a plain `ReplyPipeline`, logged in to a fresh `FakeDiscord` (the command tree
     synced, the test guild cached), as a `SlashHarness`; the bot is closed afterwards."""
     async with FakeDiscord() as fake:
-        bot = DeskmateBot(core.settings, core=core, pipeline=ReplyPipeline(core))
+        bot = DeskmateBot(build_services(core))
         await bot.login("fake-token")
         bot._connection._add_guild_from_data(guild_payload())
         try:

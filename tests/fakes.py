@@ -168,7 +168,7 @@ class FakeChatServer:
 class FakeEmbeddingsServer(LocalEndpoint):
     """An OpenAI-compatible /v1/embeddings endpoint on 127.0.0.1 backed by the built-in model.
 
-    Every request is recorded (`requests`), so tests can count embedding requests (issue 4: one per
+    Every request is recorded (`requests`), so tests can count embedding requests (one per
     reply). `mode` makes it misbehave: "error" (HTTP 500), "slow" (5 s), "nan", "short", "missing".
 
         async with FakeEmbeddingsServer(builtin_embedder) as server:

@@ -38,12 +38,16 @@ import asyncpg
 import numpy as np
 from aiohttp import web
 
+from bot.chat.messages import IncomingMessage, UserRef
+from bot.chat.reply import ReplyPipeline
 from bot.config import Settings
 from bot.db import create_pool
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import DeadlineEmbedder, EmbeddingSpace
 from bot.memory.models import MemoryList, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
-from bot.pipeline import IncomingMessage, ReplyPipeline, UserRef
+from bot.memory.recall import MemoryCore
+from bot.services import build_services
 from tests.fakes import LocalEndpoint
 
 BOT_ID = 9_000_000
@@ -250,7 +254,7 @@ class World:
         return Op(id=self._ids, **kwargs)
 
     def anchors_visible(self, guild: int | None, participants: Sequence[int]) -> list[Anchor]:
-        """Anchors a reply in `guild` with these participants searches (SPEC §2: server list + their personal lists)."""
+        """Anchors a reply in `guild` with these participants searches."""
         found = []
         for anchor in self.anchors:
             if anchor.list == "server":
@@ -342,7 +346,7 @@ class Worker:
         clock = ManualClock()
         embedder = DeadlineEmbedder(TopicEmbedder(len(World(size).anchors)), settings.embedding_timeout_s)
         core = MemoryCore(pool, embedder, settings, clock)
-        pipeline = ReplyPipeline(core, settings, bot_user_id=BOT_ID)
+        pipeline = build_services(core, bot_user_id=BOT_ID).pipeline
         await pipeline.start()
         return cls(core, pipeline, clock, size.concurrency)
 

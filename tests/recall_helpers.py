@@ -11,13 +11,15 @@ from datetime import datetime, timedelta
 
 import numpy as np
 
-from bot.memory.documents import DocumentLibrary
+from bot.chat.messages import IncomingMessage, UserRef
+from bot.chat.reply import ReplyPipeline
+from bot.documents.service import DocumentLibrary
+from bot.history.service import HistoryIndex
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import Embedder, EmbeddingError, EmbeddingSpace
-from bot.memory.history import HistoryIndex
-from bot.memory.recall import ManualClock, MemoryCore
-from bot.memory.upkeep import Upkeep
-from bot.pipeline import IncomingMessage, ReplyPipeline, UserRef
-from bot.tail_sources import install
+from bot.memory.recall import MemoryCore
+from bot.services import Services, build_services
+from bot.upkeep import Upkeep
 
 BOT, JUNO, SAM, RIN = 9000, 101, 102, 103
 NAMES = {BOT: "Deskmate", JUNO: "Juno", SAM: "Sam", RIN: "Rin"}
@@ -79,6 +81,7 @@ def message(
 
 @dataclass
 class World:
+    services: Services
     pipeline: ReplyPipeline
     history: HistoryIndex
     documents: DocumentLibrary
@@ -114,7 +117,7 @@ class World:
         for author, text in lines:
             self.clock.current += gap
             message = self.message(author, text, channel=channel, guild=guild)
-            await self.pipeline.record_message(message)
+            await self.pipeline.chat_log.record(message)
             recorded.append(message)
         return recorded
 
@@ -124,12 +127,9 @@ async def build_world(make_core, clock: ManualClock, chat_base_url: str | None =
     if chat_base_url is not None:
         settings.update(chat_base_url=chat_base_url, chat_model="fake-model")
     core: MemoryCore = await make_core(**settings)
-    pipeline = ReplyPipeline(core, bot_user_id=BOT)
-    await pipeline.start()
-    history = HistoryIndex(core)
-    documents = DocumentLibrary(core)
-    install(pipeline.tail_sources, history, documents)
-    return World(pipeline, history, documents, Upkeep(core, history), clock)
+    services = build_services(core, bot_user_id=BOT)
+    await services.pipeline.start()
+    return World(services, services.pipeline, services.history, services.documents, services.upkeep, clock)
 
 
 HIKE = [

@@ -3,7 +3,7 @@ to ping people, and memory texts that try to pass for instructions.
 
 - Import files (hypothesis): malformed JSON, wrong types, missing fields, huge files, 10,000 entries,
   Unicode, control characters, lone surrogates, zero-width and right-to-left marks. Either a clear
-  `ManageError` and not one row changed, or a complete import; never a partial one, never another error.
+  `Refusal` and not one row changed, or a complete import; never a partial one, never another error.
 - Command options through discord.py's own dispatch against the fake Discord, which refuses (400) any
   message over Discord's limits as Discord does: a clear refusal or a correct result, and every answer fits.
 - Mentions in memory texts never ping: checked on the HTTP bodies the bot sends (allowed_mentions).
@@ -29,11 +29,14 @@ from hypothesis import strategies as st
 
 from bot.config import Settings
 from bot.db import create_pool
+from bot.errors import Refusal
 from bot.memory import store
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import DeadlineEmbedder
-from bot.memory.manage import EXPORT_FORMAT, ImportMode, ListRef, ManageError, MemoryManager
+from bot.memory.lists import ImportMode, ListRef
+from bot.memory.manage import EXPORT_FORMAT, MemoryManager
 from bot.memory.models import Memory, MemoryList, ScoredMemory, Source
-from bot.memory.recall import ManualClock, MemoryCore
+from bot.memory.recall import MemoryCore
 from bot.memory.visibility import TAG_PATTERN, clean_text
 from bot.prompt import ChatLine, Persona, PromptInput, build_prompt, recalled_item
 from tests.load_world import TopicEmbedder
@@ -130,7 +133,7 @@ def test_any_import_file_is_a_clear_error_or_a_valid_plan(raw: bytes, personal: 
     ref = ListRef(MemoryList.PERSONAL, 7, guild_id=GUILD, owner_id=JUNO) if personal else ListRef(MemoryList.SERVER, 7, GUILD)
     try:
         plan = manager.parse_import(ref, raw)
-    except ManageError as exc:
+    except Refusal as exc:
         message = str(exc)
         assert message and "\n" not in message and len(message) < 400  # one sentence a person can act on
         return
@@ -146,7 +149,7 @@ def test_a_file_of_10000_memories_is_refused_whole_by_a_list_of_100() -> None:
     manager = MemoryManager(SettingsOnly(), import_max_bytes=1_048_576)  # type: ignore[arg-type]
     raw = json.dumps({"format": EXPORT_FORMAT, "version": 1, "list": "server",
                       "memories": [f"fact number {n}" for n in range(10_000)]}).encode()
-    with pytest.raises(ManageError, match="has 10000 memories; a list holds at most 100"):
+    with pytest.raises(Refusal, match="has 10000 memories; a list holds at most 100"):
         manager.parse_import(ListRef(MemoryList.SERVER, 7, GUILD), raw)
 
 
@@ -196,7 +199,7 @@ async def import_once(db_url: str, existing: list[str], entries: list[Any], mode
             plan = manager.parse_import(ref, raw)
             result = await manager.import_memories(ref, plan, mode=ImportMode(mode), by=JUNO if personal else ADMIN,
                                                    by_can_manage=True)
-        except ManageError:
+        except Refusal:
             assert await state(core) == before  # refused: not one row changed
             return
         texts = [m.text for m in await core.all_memories()]
@@ -244,7 +247,7 @@ async def test_10000_memories_import_completely_in_one_transaction(make_core: An
     await core.pool.execute("DELETE FROM memories WHERE id = (SELECT min(id) FROM memories)")
     assert (await manager.add(ref, "one more, added by hand", by=ADMIN, by_can_manage=True)).saved
     before = await state(core)
-    with pytest.raises(ManageError, match="would leave 10001 server memories; the limit is 10000"):
+    with pytest.raises(Refusal, match="would leave 10001 server memories; the limit is 10000"):
         await manager.import_memories(ref, manager.parse_import(ref, raw), mode=ImportMode.MERGE, by=ADMIN,
                                       by_can_manage=True)
     assert await state(core) == before

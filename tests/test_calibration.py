@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from bot.config import BUILTIN_MODEL, MIN_SIMILARITY_BY_MODEL
-from bot.memory.calibration import (
+from bot.memory.embeddings import BuiltinEmbedder
+from bot.tools.calibration import (
     DEFAULT_FILE,
     CalibrationError,
     Pair,
@@ -29,7 +30,6 @@ from bot.memory.calibration import (
     parse_pairs,
     score_pairs,
 )
-from bot.memory.embeddings import BuiltinEmbedder
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGURED = MIN_SIMILARITY_BY_MODEL[BUILTIN_MODEL]

@@ -1,4 +1,4 @@
-"""The chat pipeline's settings (issue 3): defaults, validation that names the variable, secrets never shown."""
+"""The chat pipeline's settings: defaults, validation that names the variable, secrets never shown."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import asyncpg
 
 from bot.memory import store
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.models import Conversation, MemoryList, Source
-from bot.memory.recall import ManualClock, NewMemory
 from tests.conftest import MakeCore
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from bot.memory.base import NewMemory
 from bot.memory.models import MemoryList, Source
-from bot.memory.recall import MemoryCore, NewMemory
+from bot.memory.recall import MemoryCore
 from tests.discord_fakes import (
     GENERAL_ID,
     GUILD_ID,
@@ -149,11 +150,11 @@ async def test_views_that_grow_with_the_data_always_fit(harness: SlashHarness) -
             channel_ids=tuple(GENERAL_ID + c for c in range(30)), by_can_manage=True,
         ))
         assert result.saved is not None, result.detail
-    pipeline = harness.bot.pipeline  # type: ignore[attr-defined]
+    pipeline = harness.bot.services.pipeline  # type: ignore[attr-defined]
     for number in range(25):
-        await pipeline.add_lore(GUILD_ID, f"Lore {number}: " + "l" * 990, by=ADMIN.id)
+        await pipeline.servers.add_lore(GUILD_ID, f"Lore {number}: " + "l" * 990, by=ADMIN.id)
     attributes = {f"key{n:02d}" + "k" * 35: "v" * 200 for n in range(25)}
-    await pipeline.update_persona(GUILD_ID, prompt="P" * 4000, attributes=attributes)
+    await pipeline.servers.update_persona(GUILD_ID, prompt="P" * 4000, attributes=attributes)
 
     for path in ("memories list", "settings lore list", "settings persona show", "settings show", "memories stats"):
         call = await harness.run(harness.slash(path, ADMIN))
@@ -184,10 +185,10 @@ def message_bodies(fake: FakeDiscord) -> list[tuple[Call, dict[str, Any]]]:
 async def test_memory_mentions_never_ping_in_replies_notices_lists_or_exports(live: Live) -> None:  # noqa: F811
     from bot.outgoing import ZERO_WIDTH_SPACE
 
-    core: MemoryCore = live.bot.core  # type: ignore[assignment]
+    core: MemoryCore = live.bot.services.core  # type: ignore[assignment]
     h = SlashHarness(live.bot, live.fake)
     admin, juno = ADMIN, JUNO
-    await core.update_guild_settings(GUILD_ID, notices="visible", notice_verbosity="verbose")
+    await core.servers.update_guild_settings(GUILD_ID, notices="visible", notice_verbosity="verbose")
     assert (await h.run(h.slash("memories add", admin, text=MENTIONS))).content.startswith("Saved")
     assert (await h.run(h.slash("personal memories add", juno, text="Juno says hi to " + MENTIONS))).content.startswith("Saved")
 
@@ -202,7 +203,7 @@ async def test_memory_mentions_never_ping_in_replies_notices_lists_or_exports(li
         command = h.slash(path, person, **values)
         await h.next_call(command, after=await h.run(command))
     # and the permission report in a log channel
-    await core.update_guild_settings(GUILD_ID, notices="log", log_channel_id=LOG_CHANNEL_ID)
+    await core.servers.update_guild_settings(GUILD_ID, notices="log", log_channel_id=LOG_CHANNEL_ID)
     live.fake.fail("POST", f"/channels/{GENERAL_ID}/messages", 403, code=50013, message="Missing Permissions")
     await live.say("are you there?")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bot.__main__ import main
-from bot.commands_doc import command_tree, markdown
+from bot.tools.commands_doc import command_tree, markdown
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "commands.md"
 

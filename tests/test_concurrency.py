@@ -1,6 +1,6 @@
 """Concurrent replies and saves from two separate pools, as two bot processes would run them.
 
-The guarantees of SPEC §2-§3 under concurrency: a memory ages at most once per UTC day, a reset
+The guarantees of docs/memory-rules.md under concurrency: a memory ages at most once per UTC day, a reset
 is never lost, and no list ever goes over its limit or loses a protected memory.
 """
 
@@ -14,9 +14,11 @@ import asyncpg
 
 from bot.config import Settings
 from bot.db import create_pool
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import DeadlineEmbedder
 from bot.memory.models import Conversation, MemoryList, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
+from bot.memory.recall import MemoryCore
 
 GUILD, CHANNEL = 10, 20
 USERS = [101, 102, 103, 104, 105]

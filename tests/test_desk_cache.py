@@ -20,10 +20,14 @@ import numpy as np
 import pytest
 
 from bot.db import create_pool
-from bot.memory import store
+from bot.memory import search_store, store
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.desk_cache import DeskCache
-from bot.memory.models import Conversation, Memory, MemoryList, Privacy, Recall
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory, desk_order
+from bot.memory.models import Conversation, Memory, MemoryList, Recall
+from bot.memory.recall import MemoryCore, desk_order
+from bot.servers.models import Privacy
+from bot.services import build_services
 from tests.conftest import MakeCore, fresh_database
 
 GUILD, OTHER_GUILD, CHANNEL, OTHER_CHANNEL = 10, 11, 20, 21
@@ -76,7 +80,7 @@ class Twins:
 
     async def reply(self, conversation: Conversation) -> Recall:
         """The cached core's answer on A, checked against a fresh core's on B."""
-        original = store.reply_search
+        original = search_store.reply_search
         rows: list[int] = []
 
         async def spy(conn: Any, **kwargs: Any) -> list[asyncpg.Record]:
@@ -84,11 +88,11 @@ class Twins:
             rows.append(len(result))
             return result
 
-        store.reply_search = spy  # type: ignore[assignment]
+        search_store.reply_search = spy  # type: ignore[assignment]
         try:
             cached = await self.cached.reply_search(conversation)
         finally:
-            store.reply_search = original  # type: ignore[assignment]
+            search_store.reply_search = original  # type: ignore[assignment]
         fresh = await (await self.fresh_b()).reply_search(conversation)
         assert_same(cached, fresh)
         self.returned.append((rows[0], len(cached.desk) + len(cached.recalled) + len(cached.held_back)))
@@ -183,26 +187,26 @@ async def test_cached_core_answers_exactly_like_a_fresh_one(
     await twins.sql("UPDATE memories SET channel_ids = $2 WHERE id = $1", game_night.id, [OTHER_CHANNEL])
     assert game_night.id not in desk_ids(await twins.reply(message(CHATTER[2], JUNO, BAU)))
     await twins.sql("UPDATE memories SET channel_ids = '{}' WHERE id = $1", game_night.id)
-    await twins.elsewhere(lambda c: c.update_guild_settings(GUILD, tagging=True))
+    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, tagging=True))
     assert minecraft.id not in desk_ids(await twins.reply(message(CHATTER[0], JUNO, BAU)))
     tagged = await twins.reply(message("which version?", JUNO, BAU, context_texts=("anyone on the minecraft world?",)))
     assert minecraft.id in desk_ids(tagged)
     await twins.on_both(lambda conn: store.set_memory_tags(conn, minecraft.id, ["building"], clock.now()))
     assert minecraft.id not in desk_ids(await twins.reply(message("which version?", JUNO, context_texts=("minecraft",))))
-    await twins.elsewhere(lambda c: c.update_guild_settings(GUILD, tagging=False))
+    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, tagging=False))
     assert minecraft.id in desk_ids(await twins.reply(message(CHATTER[1], JUNO)))
 
     # privacy, blocklist, personal memories switched off, each undone
-    await twins.elsewhere(lambda c: c.set_privacy(BAU, Privacy.FULL))
+    await twins.elsewhere(lambda c: c.servers.set_privacy(BAU, Privacy.FULL))
     assert tea.id not in desk_ids(await twins.reply(message(CHATTER[2], JUNO, BAU)))
-    await twins.elsewhere(lambda c: c.set_privacy(BAU, Privacy.NONE))
+    await twins.elsewhere(lambda c: c.servers.set_privacy(BAU, Privacy.NONE))
     assert tea.id in desk_ids(await twins.reply(message(CHATTER[0], JUNO, BAU)))
-    await twins.elsewhere(lambda c: c.set_blocked(GUILD, BAU, True))
+    await twins.elsewhere(lambda c: c.servers.set_blocked(GUILD, BAU, True))
     assert tea.id not in desk_ids(await twins.reply(message(CHATTER[1], JUNO, BAU)))
-    await twins.elsewhere(lambda c: c.set_blocked(GUILD, BAU, False))
-    await twins.elsewhere(lambda c: c.update_guild_settings(GUILD, personal_memories=False))
+    await twins.elsewhere(lambda c: c.servers.set_blocked(GUILD, BAU, False))
+    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, personal_memories=False))
     assert tea.id not in desk_ids(await twins.reply(message(CHATTER[2], JUNO, BAU)))
-    await twins.elsewhere(lambda c: c.update_guild_settings(GUILD, personal_memories=True))
+    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, personal_memories=True))
     assert tea.id in desk_ids(await twins.reply(message(CHATTER[0], JUNO, BAU)))
 
     # another process deletes a desk memory; the cached core saves one itself
@@ -259,7 +263,7 @@ async def test_a_failed_search_leaves_the_cache_as_it_was(
 
     held = parts()
     assert len(core.desk_cache) == 4
-    original = store.reply_search
+    original = search_store.reply_search
 
     async def broken_statement(conn: Any, **kwargs: Any) -> list[Any]:
         raise asyncpg.exceptions.DeadlockDetectedError("deadlock detected (test)")
@@ -270,11 +274,11 @@ async def test_a_failed_search_leaves_the_cache_as_it_was(
 
     await core.edit(before.desk[0].id, "Juno's cat is called Mochi and she is three", by=ADMIN, by_can_manage=True)
     for broken in (broken_statement, broken_row):
-        monkeypatch.setattr(store, "reply_search", broken)
+        monkeypatch.setattr(search_store, "reply_search", broken)
         with pytest.raises((asyncpg.exceptions.DeadlockDetectedError, KeyError)):
             await core.reply_search(message(CHATTER[1]))
         assert parts() == held
-    monkeypatch.setattr(store, "reply_search", original)
+    monkeypatch.setattr(search_store, "reply_search", original)
     after = await core.reply_search(message(CHATTER[2]))
     assert "Juno's cat is called Mochi and she is three" in desk_text(after)
     assert after.desk == (await (await make_core()).reply_search(message(CHATTER[2]))).desk
@@ -322,7 +326,6 @@ async def test_deleted_memories_and_old_conversations_leave_the_process(
     make_core: MakeCore, clock: ManualClock
 ) -> None:
     """Deleted memories are never served (their rows are gone), and their texts go from memory at once."""
-    from bot.memory.manage import MemoryManager
 
     core = await make_core()
     clock.set_date(DAY1)
@@ -332,7 +335,7 @@ async def test_deleted_memories_and_old_conversations_leave_the_process(
     assert held_texts(core) == {"Juno's cat is called Mochi", "Juno plays the cello"}
     assert (await core.delete(cat.id, by=JUNO, by_can_manage=True)).forgotten
     assert held_texts(core) == {"Juno plays the cello"}
-    await MemoryManager(core).delete_user_data(JUNO)
+    await build_services(core).delete_user_data(JUNO)
     assert held_texts(core) == set()
 
     assert (await core.save(server_memory("Movie night is on Friday"))).ok

@@ -23,7 +23,8 @@ import discord.http
 import pytest
 
 from bot.bot import MAX_RATELIMIT_WAIT_S, DeskmateBot
-from bot.pipeline import ReplyPipeline
+from bot.memory.recall import MemoryCore
+from bot.services import build_services
 from cogs.chat import Chat
 from tests.conftest import MakeCore
 from tests.discord_fakes import (
@@ -111,15 +112,15 @@ class Live:
 async def live(make_core: MakeCore) -> AsyncIterator[Live]:
     async with FakeChatServer(default_text="Happy to help!") as chat, FakeDiscord(guilds=[guild_with_locked_channel()]) as fake:
         core = await make_core(chat_base_url=chat.base_url, chat_model="fake-model", chat_timeout_s=5.0)
-        pipeline = ReplyPipeline(core)
-        bot = DeskmateBot(core.settings, core=core, pipeline=pipeline, sync_commands=False)
+        services = build_services(core)
+        bot = DeskmateBot(services, sync_commands=False)
         await bot.login("fake-token")
         bot._connection._add_guild_from_data(guild_with_locked_channel())  # type: ignore[attr-defined]
         try:
             yield Live(bot, fake, chat)
         finally:
             await bot.close()
-            await pipeline.close()
+            await services.pipeline.close()
 
 
 def handled_failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -131,8 +132,8 @@ async def test_a_missing_permission_is_logged_and_reported_once_to_the_log_chann
     live: Live, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    assert live.bot.core is not None
-    await live.bot.core.update_guild_settings(GUILD_ID, notices="log", log_channel_id=LOG_CHANNEL_ID)
+    assert live.bot.services.core is not None
+    await live.bot.services.core.servers.update_guild_settings(GUILD_ID, notices="log", log_channel_id=LOG_CHANNEL_ID)
     refusal = live.fake.fail("POST", f"/channels/{LOCKED_ID}/messages", 403, code=MISSING_PERMISSIONS,
                              message="Missing Permissions")
 
@@ -228,24 +229,29 @@ async def test_a_failing_typing_indicator_never_holds_up_the_reply(live: Live, f
 
 
 async def test_notices_that_cannot_be_posted_are_logged_not_raised(live: Live, caplog: pytest.LogCaptureFixture) -> None:
-    assert live.bot.core is not None
-    await live.bot.core.update_guild_settings(GUILD_ID, notices="log", log_channel_id=LOG_CHANNEL_ID)
+    assert live.bot.services.core is not None
+    await live.bot.services.core.servers.update_guild_settings(GUILD_ID, notices="log", log_channel_id=LOG_CHANNEL_ID)
     live.fake.fail("POST", f"/channels/{LOG_CHANNEL_ID}/messages", 403, code=MISSING_PERMISSIONS, message="Missing Permissions")
     live.chat.tool_calls(("save_memory", {"text": "The server's mascot is a heron", "list": "server"})).text("Noted.")
     await live.say("our mascot is a heron")
     assert [c.content for c in live.posts(GENERAL_ID)] == ["Noted."]
     assert len(live.posts(LOG_CHANNEL_ID)) == 1  # the notice was tried once; no report about the log channel to itself
     assert handled_failures(caplog) == []
-    assert [m.text for m in await live.bot.core.all_memories()] == ["The server's mascot is a heron"]
+    assert [m.text for m in await live.bot.services.core.all_memories()] == ["The server's mascot is a heron"]
 
 
-def test_shard_settings_reach_the_sharded_client() -> None:
+async def test_shard_settings_reach_the_sharded_client(make_core: MakeCore) -> None:
     from bot.config import load_settings
 
-    settings = load_settings({"SHARD_COUNT": "4", "SHARD_IDS": "2-3"}, dotenv_path=None)
-    bot = DeskmateBot(settings, sync_commands=False)
+    core = await make_core()
+
+    def bot_with(env: dict[str, str]) -> DeskmateBot:
+        settings = load_settings(env, dotenv_path=None)
+        return DeskmateBot(build_services(MemoryCore(core.pool, core.embedder, settings, core.clock)), sync_commands=False)
+
+    bot = bot_with({"SHARD_COUNT": "4", "SHARD_IDS": "2-3"})
     assert bot.shard_count == 4 and bot.shard_ids == [2, 3]
-    assert DeskmateBot(load_settings({}, dotenv_path=None), sync_commands=False).shard_ids is None
+    assert bot_with({}).shard_ids is None
     assert isinstance(bot, discord.AutoShardedClient)
 
 

@@ -38,9 +38,10 @@ async def test_the_bot_connects_answers_a_mention_and_stops_on_sigterm(db_url: s
             },
             dotenv_path=None,
         )
-        bot = DeskmateBot(settings, guild_ready_timeout=0.1)
-        running = asyncio.create_task(run_bot(settings, bot=bot))
+        made: asyncio.Future[DeskmateBot] = asyncio.get_running_loop().create_future()
+        running = asyncio.create_task(run_bot(settings, on_start=made.set_result, guild_ready_timeout=0.1))
         try:
+            bot = await asyncio.wait_for(made, 60)
             await asyncio.wait_for(discord_api.identified.wait(), 60)
             await asyncio.wait_for(bot.wait_until_ready(), 30)
             assert [guild.id for guild in bot.guilds] == [GUILD_ID]
@@ -51,9 +52,9 @@ async def test_the_bot_connects_answers_a_mention_and_stops_on_sigterm(db_url: s
             # a message that does not concern the bot: recorded, not answered
             quiet = message_payload(channel_id=GENERAL_ID, author=JUNO, content="my cat Mochi hates Mondays")
             await discord_api.dispatch("MESSAGE_CREATE", quiet)
-            assert bot.core is not None
+            assert bot.services.core is not None
             for _ in range(200):  # recorded as it arrives
-                async with bot.core.pool.acquire() as conn:
+                async with bot.services.core.pool.acquire() as conn:
                     if await conn.fetchval("SELECT count(*) FROM chat_messages WHERE message_id = $1", int(quiet["id"])):
                         break
                 await asyncio.sleep(0.05)
@@ -92,10 +93,10 @@ async def test_the_bot_connects_answers_a_mention_and_stops_on_sigterm(db_url: s
             # the model saw the earlier, unanswered message in its context window
             sent = "\n".join(str(m.get("content")) for m in chat.messages(0))
             assert "my cat Mochi hates Mondays" in sent and "do you remember my cat?" in sent
-            assert bot.core is not None
-            memories = await bot.core.all_memories()
+            assert bot.services.core is not None
+            memories = await bot.services.core.all_memories()
             assert [(m.text, m.owner_id) for m in memories] == [("Juno has a cat called Mochi", int(JUNO["id"]))]
-            async with bot.core.pool.acquire() as conn:
+            async with bot.services.core.pool.acquire() as conn:
                 stored = await conn.fetchval("SELECT count(*) FROM chat_messages WHERE channel_id = $1", GENERAL_ID)
             assert stored >= 3  # both of Juno's messages and the bot's own reply, echoed by the gateway
             assert (tmp_path / "heartbeat").is_file()  # what the Docker healthcheck reads
@@ -106,7 +107,7 @@ async def test_the_bot_connects_answers_a_mention_and_stops_on_sigterm(db_url: s
                 os.kill(os.getpid(), signal.SIGTERM)
             status = await asyncio.wait_for(running, 30)
     assert status == 0
-    assert bot.is_closed() and bot.database is None and bot.pipeline is None
+    assert bot.is_closed() and bot.services.database.pool.is_closing()  # the services closed after the bot
 
 
 async def test_a_rejected_token_is_one_clear_sentence(tmp_path: Path) -> None:
@@ -115,4 +116,3 @@ async def test_a_rejected_token_is_one_clear_sentence(tmp_path: Path) -> None:
         settings = load_settings({"DISCORD_TOKEN": "wrong", "DATA_DIR": str(tmp_path)}, dotenv_path=None)
         with pytest.raises(StartupError, match="Discord rejected DISCORD_TOKEN"):
             await run_bot(settings)
-    assert not (tmp_path / "postgres").exists()  # it failed before opening the database

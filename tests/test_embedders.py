@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bot.config import Settings
+from bot.memory.base import NewMemory
 from bot.memory.embeddings import (
     BuiltinEmbedder,
     DeadlineEmbedder,
@@ -20,7 +21,6 @@ from bot.memory.embeddings import (
     create_embedder,
 )
 from bot.memory.models import Conversation, MemoryList
-from bot.memory.recall import NewMemory
 from tests.conftest import MakeCore
 from tests.fakes import FakeEmbeddingsServer
 

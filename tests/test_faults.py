@@ -18,8 +18,9 @@ import asyncpg
 import pytest
 
 from bot.memory import store
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.models import Conversation, MemoryList
-from bot.memory.recall import ManualClock, NewMemory
 from tests.burst_saves import LIMITS
 from tests.conftest import MakeCore, pg_ctl
 

@@ -1,4 +1,4 @@
-"""Chat-history recall (issue 4 item 1) against the real database and the built-in embedder: chunk boundaries,
+"""Chat-history recall against the real database and the built-in embedder: chunk boundaries,
 read-behind, recall within HISTORY_TOKEN_BUDGET, and chunks that follow edits and deletes in Discord."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from bot.memory import store
-from bot.memory.history import CHUNK_MAX_MESSAGES, ChatRow, plan_chunks
-from bot.memory.manage import MemoryManager
-from bot.memory.recall import ManualClock, MemoryCore
-from bot.pipeline import ReplyStatus
-from bot.prompt import count_tokens
+from bot.chat.receipts import ReplyStatus
+from bot.history import store as history_store
+from bot.history.service import CHUNK_MAX_MESSAGES, ChatRow, plan_chunks
+from bot.memory.clock import ManualClock
+from bot.memory.recall import MemoryCore
+from bot.tokens import count_tokens
 from tests.conftest import MakeCore
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import CHANNEL, CHATTER, GAMES, GUILD, HIKE, JUNO, OTHER_CHANNEL, RIN, SAM, World, build_world
@@ -113,7 +113,7 @@ async def test_a_chunk_pulled_back_into_the_window_is_not_recalled(world: World)
 
     latest = tail[-1].message_id
     assert two["id"] in await found(latest)
-    await world.pipeline.delete_messages(CHANNEL, [m.message_id for m in tail])  # the window is now games messages
+    await world.pipeline.chat_log.delete(CHANNEL, [m.message_id for m in tail])  # the window is now games messages
     assert second[-1].message_id in {r["message_id"] for r in await world.core.pool.fetch(
         "SELECT message_id FROM chat_messages WHERE channel_id = $1 ORDER BY message_id DESC LIMIT 6", CHANNEL)}
     assert two["id"] not in await found(second[-1].message_id)
@@ -126,7 +126,7 @@ async def test_recall_adds_the_matching_chunk_within_the_budget(world: World, ch
 
     outcome = await world.pipeline.reply(world.message(JUNO, "remind me, how long was that hike with the marmots?"))
     assert outcome.status == ReplyStatus.REPLIED
-    [item] = outcome.receipt.history
+    [item] = outcome.receipt.items("history")
     assert item["similarity"] >= world.core.settings.history_min_similarity and not item["cut"]
     final = chat.messages()[-1]["content"]
     assert "[Recalled chat history that may help" in final and "Mount Rainier" in final
@@ -138,13 +138,13 @@ async def test_recall_adds_the_matching_chunk_within_the_budget(world: World, ch
 
     small = await build_world(lambda **kw: _same_core(world, **kw), world.clock, chat.base_url, history_token_budget=60)
     outcome = await small.pipeline.reply(world.message(JUNO, "remind me, how long was that hike with the marmots?"))
-    [item] = outcome.receipt.history
+    [item] = outcome.receipt.items("history")
     assert item["cut"] and item["tokens"] <= 60  # a long chunk is cut, never the budget exceeded
     kept = next(t for t in outcome.prompt.tail if t.key == f"history:{item['chunk_id']}")  # type: ignore[union-attr]
     assert count_tokens(kept.text) + 1 == item["tokens"] and kept.text.endswith('…"}')
 
     outcome = await small.pipeline.reply(world.message(SAM, "what's the weather like today?"))
-    assert outcome.receipt.history == []
+    assert outcome.receipt.items("history") == []
     assert "nothing relevant" in outcome.receipt.sources["history"]["note"]
     await small.pipeline.close()
 
@@ -161,14 +161,14 @@ async def test_history_recall_switch_is_per_channel_and_storing_goes_on(world: W
     await world.upkeep.rebuild()
     assert len(await chunk_rows(world.core.pool)) == 1  # still chunked and embedded while off
     outcome = await world.pipeline.reply(world.message(JUNO, "how long was the hike at Mount Rainier?"))
-    assert outcome.receipt.history == [] and "off in this channel" in outcome.receipt.sources["history"]["note"]
+    assert outcome.receipt.items("history") == [] and "off in this channel" in outcome.receipt.sources["history"]["note"]
     assert "Mount Rainier" not in chat.messages()[-1]["content"].split("[Message to answer")[0]
 
     await world.history.set_recall(CHANNEL, GUILD, True)
     outcome = await world.pipeline.reply(world.message(JUNO, "how long was the hike at Mount Rainier?"))
-    assert len(outcome.receipt.history) == 1
+    assert len(outcome.receipt.items("history")) == 1
     other = await world.pipeline.reply(world.message(JUNO, "how long was the hike at Mount Rainier?", channel=OTHER_CHANNEL))
-    assert other.receipt.history == []  # recall is per channel: never another channel's chat
+    assert other.receipt.items("history") == []  # recall is per channel: never another channel's chat
 
 
 async def test_edits_and_deletes_rebuild_or_remove_chunks(world: World) -> None:
@@ -179,25 +179,24 @@ async def test_edits_and_deletes_rebuild_or_remove_chunks(world: World) -> None:
     [one, two] = await chunk_rows(world.core.pool)
 
     # an edit: the chunk goes and is rebuilt from the messages as they are now
-    assert await world.pipeline.edit_message(CHANNEL, first[2].message_id, "about 15 miles actually", datetime.now(UTC))
+    assert await world.pipeline.chat_log.edit(CHANNEL, first[2].message_id, "about 15 miles actually", datetime.now(UTC))
     assert [c["id"] for c in await chunk_rows(world.core.pool)] == [two["id"]]
     assert await world.history.chunk_pending() == 1
     rebuilt = (await chunk_rows(world.core.pool))[0]
     assert "Juno: about 15 miles actually" in rebuilt["text"] and rebuilt["text"].count("12 miles") == 1  # was twice
     assert list(rebuilt["message_ids"]) == list(one["message_ids"])
-    same_text = await world.pipeline.edit_message(CHANNEL, first[0].message_id, first[0].text, datetime.now(UTC))
+    same_text = await world.pipeline.chat_log.edit(CHANNEL, first[0].message_id, first[0].text, datetime.now(UTC))
     assert same_text and len(await chunk_rows(world.core.pool)) == 2  # an embed-only edit keeps the chunk
 
     # a delete: the chunk goes, and the rest (bounded by the next chunk) is chunked again without it
-    await world.pipeline.delete_messages(CHANNEL, [first[4].message_id])
+    await world.pipeline.chat_log.delete(CHANNEL, [first[4].message_id])
     assert await world.history.chunk_pending() == 1
     rebuilt = (await chunk_rows(world.core.pool))[0]
     assert first[4].message_id not in rebuilt["message_ids"] and len(rebuilt["message_ids"]) == 11
     assert rebuilt["text"].count("black bear") == 1  # the second copy of that line was deleted
 
     # /privacy delete-my-data: Sam's messages leave every chunk; everyone else's are chunked again
-    manager = MemoryManager(world.core)
-    await manager.delete_user_data(SAM)
+    await world.services.delete_user_data(SAM)
     assert await chunk_rows(world.core.pool) == []  # both chunks had a message of Sam's
     assert await world.core.pool.fetchval("SELECT count(*) FROM chat_messages WHERE author_id = $1", SAM) == 0
     await world.say([(RIN, "so, anyone up for a movie?"), (JUNO, "sure")] * 3)
@@ -210,9 +209,9 @@ async def test_edits_and_deletes_rebuild_or_remove_chunks(world: World) -> None:
     await world.say(HIKE + HIKE + CHATTER, channel=OTHER_CHANNEL)
     await world.history.chunk_pending()
     assert await chunk_rows(world.core.pool, OTHER_CHANNEL)
-    await world.pipeline.forget_channel(CHANNEL)
+    await world.services.forget_channel(CHANNEL)
     assert await chunk_rows(world.core.pool) == [] and await chunk_rows(world.core.pool, OTHER_CHANNEL)
-    counts = await world.pipeline.forget_guild(GUILD)
+    counts = await world.services.forget_guild(GUILD)
     assert counts["history_chunks"] == 1 and counts["chat_messages"] == 18
     assert await chunk_rows(world.core.pool, OTHER_CHANNEL) == []
 
@@ -222,14 +221,14 @@ async def test_an_edit_racing_the_chunker_waits_and_removes_the_new_chunk(world:
     async with world.core.pool.acquire() as conn:
         transaction = conn.transaction()
         await transaction.start()
-        rows_ = [ChatRow.from_row(row) for row in await store.lock_history_rows(conn, CHANNEL, 6, 400)]
+        rows_ = [ChatRow.from_row(row) for row in await history_store.lock_history_rows(conn, CHANNEL, 6, 400)]
         [chunk] = plan_chunks(rows_)
-        await store.insert_history_chunk(
+        await history_store.insert_history_chunk(
             conn, guild_id=GUILD, channel_id=CHANNEL, message_ids=[r.message_id for r in chunk],
             author_ids=[r.author_id for r in chunk], started_at=chunk[0].created_at, ended_at=chunk[-1].created_at,
             text="stale text",
         )
-        edit = asyncio.create_task(world.pipeline.edit_message(CHANNEL, first[0].message_id, "edited", datetime.now(UTC)))
+        edit = asyncio.create_task(world.pipeline.chat_log.edit(CHANNEL, first[0].message_id, "edited", datetime.now(UTC)))
         await asyncio.sleep(0.3)
         assert not edit.done()  # waits for the chunker's row locks
         await transaction.commit()

@@ -1,4 +1,4 @@
-"""Hybrid scoring (LEXICAL_WEIGHT) and MAX_RECALLED: what they add to SPEC §2's search.
+"""Hybrid scoring (LEXICAL_WEIGHT) and MAX_RECALLED: what they add to the plain search.
 
 A memory's score is its cosine similarity plus LEXICAL_WEIGHT × the IDF-weighted share of the
 message's words it holds; the weights come from the reply's own searchable set. These tests run
@@ -13,9 +13,10 @@ from datetime import timedelta
 
 import pytest
 
+from bot.memory.clock import ManualClock
 from bot.memory.lexical import lexical_query
 from bot.memory.models import ScoredMemory
-from bot.memory.recall import ManualClock, MemoryCore
+from bot.memory.recall import MemoryCore
 from tests.conftest import MakeCore
 from tests.test_rules import DAY1, chat_days, message, save_ok, server_memory
 

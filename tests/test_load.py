@@ -41,6 +41,7 @@ import pytest
 
 from bot.db import create_pool
 from bot.memory import store
+from bot.services import build_services
 from tests.conftest import fresh_database
 from tests.load_world import (
     START,
@@ -342,7 +343,6 @@ async def test_two_shard_groups_share_the_database_and_answer_only_their_own_ser
     from bot.config import load_settings
     from bot.memory.embeddings import DeadlineEmbedder
     from bot.memory.recall import MemoryCore
-    from bot.pipeline import ReplyPipeline
     from tests.discord_fakes import BOT_ID, BOT_USER, Call, FakeDiscord, channel_payload, guild_payload, message_payload
     from tests.discord_fakes import user_payload as user
     from tests.fakes import FakeChatServer
@@ -357,7 +357,7 @@ async def test_two_shard_groups_share_the_database_and_answer_only_their_own_ser
             pool = await create_pool(db_url, max_size=4)
             pools.append(pool)
             core = MemoryCore(pool, DeadlineEmbedder(builtin_embedder, 30.0), settings)  # type: ignore[arg-type]
-            bot = DeskmateBot(settings, core=core, pipeline=ReplyPipeline(core), sync_commands=False, guild_ready_timeout=0.1)
+            bot = DeskmateBot(build_services(core), sync_commands=False, guild_ready_timeout=0.1)
             bots.append(bot)
             tasks.append(asyncio.create_task(bot.start("fake-token")))
         try:
@@ -389,7 +389,7 @@ async def test_two_shard_groups_share_the_database_and_answer_only_their_own_ser
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(task, 30)
             for bot in bots:
-                assert bot.pipeline is not None
-                await bot.pipeline.close()
+                assert bot.services.pipeline is not None
+                await bot.services.pipeline.close()
             for pool in pools:
                 await pool.close()

@@ -9,21 +9,17 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from bot.memory import store
+from bot.chat import log_store
+from bot.errors import InvalidInput, Refusal
+from bot.memory.base import NewMemory
 from bot.memory.embeddings import EmbeddingError, EmbeddingSpace
-from bot.memory.manage import (
-    EXPORT_FORMAT,
-    ImportMode,
-    ManageError,
-    MemoryManager,
-    Scope,
-    VectorStatus,
-    count_tokens,
-    looks_like_instruction,
-    split_tags,
-)
-from bot.memory.models import Conversation, MemoryList, Privacy, Rejection, Source
-from bot.memory.recall import MemoryCore, NewMemory
+from bot.memory.lists import ImportMode, Scope, VectorStatus, looks_like_instruction, split_tags
+from bot.memory.manage import EXPORT_FORMAT, MemoryManager, count_tokens
+from bot.memory.models import Conversation, MemoryList, Rejection, Source
+from bot.memory.recall import MemoryCore
+from bot.servers import store as servers_store
+from bot.servers.models import Privacy
+from bot.services import build_services
 
 GUILD, OTHER_GUILD = 10, 20
 ADMIN, JUNO, MAX = 1, 2, 3
@@ -64,7 +60,7 @@ def test_instruction_detection() -> None:
 
 def test_tags_and_tokens() -> None:
     assert split_tags("Cats, #games  music") == ("cats", "games", "music")
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidInput):
         split_tags("bad!tag")
     assert count_tokens("hello world") == 2
 
@@ -119,7 +115,7 @@ async def test_permissions_and_list_membership(make_core) -> None:
     ref = await mgr.server_list(GUILD)
     refused = await mgr.add(ref, "Members cannot add this", by=JUNO)
     assert refused.rejected == Rejection.NOT_ALLOWED
-    await mgr.core.update_guild_settings(GUILD, member_teaching=True)
+    await mgr.core.servers.update_guild_settings(GUILD, member_teaching=True)
     own = await mgr.add(ref, "Juno added this", by=JUNO)
     assert own.saved is not None
     admin_id = await add_server(mgr, "The admin added this")
@@ -128,10 +124,10 @@ async def test_permissions_and_list_membership(make_core) -> None:
     assert edited.saved is not None and edited.saved.text == "Juno changed this" and edited.saved.tags == ("notes",)
 
     other = await mgr.server_list(OTHER_GUILD)
-    with pytest.raises(ManageError, match="no memory"):  # an admin here cannot reach another server's list by id
+    with pytest.raises(Refusal, match="no memory"):  # an admin here cannot reach another server's list by id
         await mgr.delete(other, admin_id, by=ADMIN, by_can_manage=True)
     personal = await mgr.personal_list(JUNO, GUILD)
-    with pytest.raises(ManageError, match="owner"):
+    with pytest.raises(Refusal, match="owner"):
         await mgr.add(personal, "About Juno", by=MAX)
     deleted = await mgr.delete(ref, admin_id, by=ADMIN, by_can_manage=True)
     assert deleted.forgotten[0].id == admin_id
@@ -152,7 +148,7 @@ async def test_personal_scopes_and_move(make_core) -> None:
     for text in ("Juno plays chess", "Juno has a dog"):
         assert (await mgr.add(elsewhere, text, by=JUNO)).saved
     # other server's list is full (2 tied + 1 Global): making the tea memory Global would overfill it
-    with pytest.raises(ManageError, match="more than 3"):
+    with pytest.raises(Refusal, match="more than 3"):
         await mgr.move(here, tied.saved.id, to_global=True, by=JUNO)
     moved = await mgr.move(here, glob.saved.id, to_global=False, by=JUNO)
     assert moved.persona_id == here.persona_id and moved.protected
@@ -190,7 +186,7 @@ async def test_export_import_roundtrip_merge_and_replace(make_core) -> None:
     replaced = await mgr.import_memories(other, replace, mode=ImportMode.REPLACE, by=ADMIN, by_can_manage=True)
     assert (replaced.added, replaced.removed) == (1, 2)
     assert [v.memory.text for v in (await mgr.page(other, 0)).items] == ["Only this one"]
-    with pytest.raises(ManageError, match="Manage Server"):
+    with pytest.raises(Refusal, match="Manage Server"):
         await mgr.import_memories(other, replace, mode=ImportMode.MERGE, by=JUNO)
 
 
@@ -214,7 +210,7 @@ async def test_import_validation_changes_nothing(make_core, raw: bytes, message:
     mgr = await manager(make_core)
     await add_server(mgr, "Existing memory")
     ref = await mgr.server_list(GUILD)
-    with pytest.raises(ManageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(Refusal, match=message.replace("(", r"\(").replace(")", r"\)")):
         mgr.parse_import(ref, raw)
     assert [m.text for m in await mgr.core.all_memories()] == ["Existing memory"]
 
@@ -225,7 +221,7 @@ async def test_import_over_limit_is_refused_in_one_transaction(make_core) -> Non
     await add_server(mgr, "two")
     ref = await mgr.server_list(GUILD)
     plan = mgr.parse_import(ref, export_doc("three", "four"))
-    with pytest.raises(ManageError, match="would leave 4 server memories; the limit is 3"):
+    with pytest.raises(Refusal, match="would leave 4 server memories; the limit is 3"):
         await mgr.import_memories(ref, plan, mode=ImportMode.MERGE, by=ADMIN, by_can_manage=True)
     assert sorted(m.text for m in await mgr.core.all_memories()) == ["one", "two"]
     done = await mgr.import_memories(ref, plan, mode=ImportMode.REPLACE, by=ADMIN, by_can_manage=True)
@@ -244,46 +240,46 @@ async def test_import_drops_unknown_channels_and_personal_scopes(make_core) -> N
     assert result.added == 2
     memories = {m.text: m for m in await mgr.core.all_memories()}
     assert memories["g"].is_global and memories["p"].persona_id == personal.persona_id and memories["p"].owner_id == JUNO
-    assert memories["g"].protected and not memories["p"].protected  # Global memories are always protected (SPEC §1)
-    with pytest.raises(ManageError, match="personal lists"):
+    assert memories["g"].protected and not memories["p"].protected  # Global memories are always protected
+    with pytest.raises(Refusal, match="personal lists"):
         more = export_doc({"text": "another global", "scope": "global"}, list_="personal")
         await mgr.import_memories(personal, mgr.parse_import(personal, more), mode=ImportMode.MERGE, by=JUNO)
-    with pytest.raises(ManageError, match="owner"):
+    with pytest.raises(Refusal, match="owner"):
         await mgr.import_memories(personal, mgr.parse_import(personal, raw), mode=ImportMode.MERGE, by=MAX)
 
 
 async def test_user_data_export_and_delete(make_core) -> None:
     mgr = await manager(make_core)
     core = mgr.core
-    await core.update_guild_settings(GUILD, member_teaching=True)
+    await core.servers.update_guild_settings(GUILD, member_teaching=True)
     await mgr.add(await mgr.server_list(GUILD), "Juno organised the meetup", by=JUNO)
     await mgr.add(await mgr.personal_list(JUNO, GUILD), "Juno likes tea", by=JUNO)
     await mgr.add(await mgr.personal_list(JUNO, None), "Juno is vegetarian", by=JUNO, is_global=True)
     await mgr.add(await mgr.personal_list(MAX, GUILD), "Max likes coffee", by=MAX)
-    await core.set_privacy(JUNO, Privacy.PARTIAL)
-    await core.set_blocked(OTHER_GUILD, JUNO, True)
+    await core.servers.set_privacy(JUNO, Privacy.PARTIAL)
+    await core.servers.set_blocked(OTHER_GUILD, JUNO, True)
     async with core.pool.acquire() as conn:
-        await store.record_chat_message(
+        await log_store.record_chat_message(
             conn, guild_id=GUILD, channel_id=5, message_id=99, author_id=JUNO, author_name="Juno", is_bot=False,
             text="hello", reply_to=None, mention_ids=[], created_at=core.clock.now(),
         )
 
-    data = await mgr.export_user_data(JUNO)
+    data = await build_services(mgr.core).export_user_data(JUNO)
     assert data["format"] == "deskmate-user-data" and data["privacy"] == "partial"
     assert sorted(m["text"] for m in data["personal_memories"]) == ["Juno is vegetarian", "Juno likes tea"]
     assert data["server_memories_added"][0]["text"] == "Juno organised the meetup"
     assert data["blocked_in_servers"] == [str(OTHER_GUILD)] and data["chat_messages"][0]["text"] == "hello"
     json.dumps(data)
 
-    counts = await mgr.delete_user_data(JUNO)
+    counts = await build_services(mgr.core).delete_user_data(JUNO)
     assert counts == {"personal_memories": 2, "authored_server_memories": 1, "settings": 1, "chat_messages": 1}
     left = await core.all_memories()
     assert sorted(m.text for m in left) == ["Juno organised the meetup", "Max likes coffee"]
     assert all(m.created_by != JUNO for m in left)
     async with core.pool.acquire() as conn:
-        assert await store.get_privacy(conn, JUNO) == Privacy.NONE
+        assert await servers_store.get_privacy(conn, JUNO) == Privacy.NONE
         assert await conn.fetchval("SELECT count(*) FROM memory_vectors") == 2
-    assert await mgr.blocklist(OTHER_GUILD)  # moderation decisions stay
+    assert await mgr.core.servers.blocklist(OTHER_GUILD)  # moderation decisions stay
 
 
 async def test_full_list_add_forgets_like_any_save(make_core, clock) -> None:

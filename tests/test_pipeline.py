@@ -12,11 +12,22 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from bot.memory.models import MemoryList, Privacy, Recall, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
+from bot.chat.messages import IncomingMessage
+from bot.chat.notices import ChangeKind
+from bot.chat.receipts import ReplyStatus
+from bot.chat.reply import APOLOGY, TOO_LARGE, ReplyPipeline
+from bot.chat.service import ChatService
+from bot.chat.sources import TailReport
+from bot.chat.triggers import Trigger
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
+from bot.memory.models import MemoryList, Recall, Source
+from bot.memory.recall import MemoryCore
 from bot.outgoing import ZERO_WIDTH_SPACE
-from bot.pipeline import APOLOGY, TOO_LARGE, ChangeKind, IncomingMessage, ReplyPipeline, ReplyStatus, Trigger
-from bot.prompt import TailItem, count_tokens, message_tokens
+from bot.prompt import TailItem
+from bot.servers.models import Privacy
+from bot.services import build_services
+from bot.tokens import count_tokens, message_tokens
 from tests.conftest import MakeCore
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import BOT, CHANNEL, GUILD, JUNO, OTHER_CHANNEL, RIN, SAM, message
@@ -32,7 +43,7 @@ async def make_pipeline(make_core: MakeCore, chat: FakeChatServer) -> AsyncItera
 
     async def build(**overrides: object) -> ReplyPipeline:
         settings = {"chat_base_url": chat.base_url, "chat_model": "fake-model", "chat_timeout_s": 5.0, **overrides}
-        pipeline = ReplyPipeline(await make_core(**settings), bot_user_id=BOT)
+        pipeline = build_services(await make_core(**settings), bot_user_id=BOT).pipeline
         await pipeline.start()
         built.append(pipeline)
         return pipeline
@@ -72,11 +83,11 @@ async def test_prompt_order_and_what_the_model_receives(
     server_fact = await save(core, "The book club meets on Fridays")
     juno_fact = await save(core, "Juno is learning the cello", owner=JUNO, via=Source.COMMAND)
     sam_fact = await save(core, "Sam works night shifts", owner=SAM, via=Source.COMMAND)
-    await pipeline.add_lore(GUILD, "The server's mascot is a grey heron.", by=JUNO)
-    await pipeline.update_persona(GUILD, prompt="You speak like a librarian.", attributes={"tone": "warm"})
+    await pipeline.servers.add_lore(GUILD, "The server's mascot is a grey heron.", by=JUNO)
+    await pipeline.servers.update_persona(GUILD, prompt="You speak like a librarian.", attributes={"tone": "warm"})
 
-    await pipeline.record_message(message(SAM, "evening all", clock=clock))
-    await pipeline.record_message(message(BOT, "Good evening, Sam.", clock=clock))
+    await pipeline.chat_log.record(message(SAM, "evening all", clock=clock))
+    await pipeline.chat_log.record(message(BOT, "Good evening, Sam.", clock=clock))
     outcome = await pipeline.reply(message(JUNO, "when does the book club meet?", clock=clock, mentions=(BOT,)))
 
     assert outcome.status == ReplyStatus.REPLIED and outcome.chunks == ["ok"]
@@ -104,7 +115,7 @@ async def test_prompt_order_and_what_the_model_receives(
     assert messages[3]["content"].endswith("Juno (user 101): when does the book club meet?")
     assert outcome.receipt.desk_ids == [server_fact, juno_fact, sam_fact]
     assert outcome.receipt.tokens["total"] > 0 and outcome.receipt.head_same_as_previous is None
-    stored = await pipeline.receipt(message_id=outcome.receipt.message_id)
+    stored = await pipeline.chat_log.receipt(message_id=outcome.receipt.message_id)
     assert stored is not None and stored["desk_ids"] == [server_fact, juno_fact, sam_fact]
 
 
@@ -176,8 +187,8 @@ async def test_tool_calls_save_and_forget_with_notices(
     assert second["messages"][: len(first["messages"])] == first["messages"]
     assert second["messages"][len(first["messages"])]["tool_calls"][0]["function"]["name"] == "save_memory"
 
-    # verbose notices to a log channel show the text of server memories, never of personal ones (issue 6)
-    await pipeline.core.update_guild_settings(GUILD, notices="log", notice_verbosity="verbose", log_channel_id=LOG_CHANNEL)
+    # verbose notices to a log channel show the text of server memories, never of personal ones
+    await pipeline.servers.update_guild_settings(GUILD, notices="log", notice_verbosity="verbose", log_channel_id=LOG_CHANNEL)
     chat.tool_calls(("update_memory", {"memory_id": mochi, "text": "Juno's cats are Mochi and Tofu"})).text("Updated.")
     outcome = await pipeline.reply(message(JUNO, "I adopted Tofu too", clock=clock))
     assert outcome.notices is not None
@@ -189,7 +200,7 @@ async def test_full_list_forgets_a_dormant_memory_to_make_room(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool
 ) -> None:
     pipeline = await make_pipeline(server_memory_limit=3)
-    await pipeline.core.update_guild_settings(GUILD, notice_verbosity="verbose")
+    await pipeline.core.servers.update_guild_settings(GUILD, notice_verbosity="verbose")
     ids = [await save(pipeline.core, text) for text in ("Alpha fact", "Beta fact", "Gamma fact")]
     await pool.execute("UPDATE memories SET days_unused = 30")  # all three in the drawer, never matched
     chat.tool_calls(("save_memory", {"text": "The raid is on Thursday", "list": "server"})).text("Saved.")
@@ -261,14 +272,14 @@ async def test_self_teaching_off_and_privacy_are_respected(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool
 ) -> None:
     pipeline = await make_pipeline()
-    await pipeline.core.set_privacy(JUNO, Privacy.PARTIAL)
+    await pipeline.core.servers.set_privacy(JUNO, Privacy.PARTIAL)
     chat.tool_calls(("save_memory", {"text": "Juno hates mornings", "list": "personal"})).text("ok")
     outcome = await pipeline.reply(message(JUNO, "I hate mornings", clock=clock))
     assert [change.kind for change in outcome.changes] == [ChangeKind.REJECTED]
     assert outcome.notices is not None and "privacy" in outcome.notices.lines[0]
     assert await memory_texts(pool) == {}
 
-    await pipeline.core.update_guild_settings(GUILD, self_teaching=False)
+    await pipeline.core.servers.update_guild_settings(GUILD, self_teaching=False)
     await pipeline.reply(message(SAM, "hello", clock=clock))
     assert "tools" not in chat.requests[-1]
 
@@ -315,7 +326,7 @@ async def test_memory_text_with_mentions_never_pings_in_notices(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock
 ) -> None:
     pipeline = await make_pipeline()
-    await pipeline.core.update_guild_settings(GUILD, notice_verbosity="verbose")
+    await pipeline.core.servers.update_guild_settings(GUILD, notice_verbosity="verbose")
     chat.tool_calls(("save_memory", {"text": "Party at 8, tell @everyone and <@&42> and <@103>", "list": "server"})).text("ok")
     outcome = await pipeline.reply(message(JUNO, "party at 8!", clock=clock))
     assert outcome.notices is not None
@@ -334,7 +345,7 @@ async def test_budgets_drop_oldest_history_first_and_never_the_answered_message(
 ) -> None:
     pipeline = await make_pipeline(chat_context_tokens=2600, chat_max_output_tokens=200, context_messages=30)
     for number in range(25):
-        await pipeline.record_message(
+        await pipeline.chat_log.record(
             message(SAM if number % 2 else RIN, f"chatter {number} " + "lorem ipsum " * 25, clock=clock)
         )
     answered = message(JUNO, "what were we talking about? " + "really " * 40, clock=clock)
@@ -366,11 +377,11 @@ async def test_budgets_drop_oldest_history_first_and_never_the_answered_message(
 
 async def test_openai_itself_gets_max_completion_tokens(make_pipeline: MakePipeline) -> None:
     pipeline = await make_pipeline(chat_base_url="", chat_api_key="sk-test")
-    assert pipeline.chat_configured
-    assert pipeline._completion_kwargs() == {"model": "fake-model", "temperature": 0.7, "max_completion_tokens": 800}
+    assert pipeline.model.configured
+    assert pipeline.model._completion_kwargs() == {"model": "fake-model", "temperature": 0.7, "max_completion_tokens": 800}
     pipeline = await make_pipeline(chat_base_url="https://api.openai.com/v1")
-    assert "max_completion_tokens" in pipeline._completion_kwargs()
-    assert not (await make_pipeline(chat_base_url="", chat_api_key="")).chat_configured
+    assert "max_completion_tokens" in pipeline.model._completion_kwargs()
+    assert not (await make_pipeline(chat_base_url="", chat_api_key="")).model.configured
 
 
 async def test_no_chat_model_shows_what_would_have_been_sent(
@@ -423,7 +434,7 @@ async def test_participants_are_author_window_authors_and_mentions(
     await save(pipeline.core, "Juno is learning the cello", owner=JUNO, via=Source.COMMAND)
     outcome = await pipeline.reply(message(JUNO, "hi", clock=clock))
     assert "night shifts" not in chat.messages()[0]["content"] and len(outcome.receipt.desk_ids) == 1
-    await pipeline.record_message(message(SAM, "hey", clock=clock))
+    await pipeline.chat_log.record(message(SAM, "hey", clock=clock))
     await pipeline.reply(message(JUNO, "ask Rin about it", clock=clock, mentions=(RIN, BOT)))
     head = chat.messages()[0]["content"]
     assert "night shifts" in head and "drums" in head and "cello" in head
@@ -448,68 +459,81 @@ async def test_trigger_uses_persona_name_auto_reply_channels_and_blocklist(
     make_pipeline: MakePipeline, clock: ManualClock
 ) -> None:
     pipeline = await make_pipeline()
-    await pipeline.update_persona(GUILD, name="Heron")
-    assert await pipeline.trigger(message(JUNO, "hey heron, what's up", clock=clock)) == Trigger.NAME
-    assert await pipeline.trigger(message(JUNO, "nothing to see", clock=clock)) is None
-    assert await pipeline.trigger(message(JUNO, "x", clock=clock), mentions_bot=True) == Trigger.MENTION
-    assert await pipeline.trigger(message(JUNO, "x", clock=clock, guild=None)) == Trigger.DM
-    assert await pipeline.trigger(message(BOT, "heron", clock=clock), mentions_bot=True) is None
-    await pipeline.core.update_guild_settings(GUILD, auto_reply_channel_ids=[CHANNEL])
-    assert await pipeline.trigger(message(SAM, "anything", clock=clock)) == Trigger.AUTO_REPLY
+    chat = ChatService(pipeline, pipeline.chat_log, pipeline.servers, pipeline.settings)
+    await pipeline.servers.update_persona(GUILD, name="Heron")
+    assert await chat.trigger(message(JUNO, "hey heron, what's up", clock=clock)) == Trigger.NAME
+    assert await chat.trigger(message(JUNO, "nothing to see", clock=clock)) is None
+    assert await chat.trigger(message(JUNO, "x", clock=clock), mentions_bot=True) == Trigger.MENTION
+    assert await chat.trigger(message(JUNO, "x", clock=clock, guild=None)) == Trigger.DM
+    assert await chat.trigger(message(BOT, "heron", clock=clock), mentions_bot=True) is None
+    await pipeline.core.servers.update_guild_settings(GUILD, auto_reply_channel_ids=[CHANNEL])
+    assert await chat.trigger(message(SAM, "anything", clock=clock)) == Trigger.AUTO_REPLY
     thread = dataclasses.replace(message(SAM, "in a thread", clock=clock, channel=4242), parent_channel_id=CHANNEL)
-    assert await pipeline.trigger(thread) == Trigger.AUTO_REPLY
-    await pipeline.core.set_blocked(GUILD, SAM, True)
-    assert await pipeline.trigger(message(SAM, "heron!", clock=clock), mentions_bot=True) is None
+    assert await chat.trigger(thread) == Trigger.AUTO_REPLY
+    await pipeline.core.servers.set_blocked(GUILD, SAM, True)
+    assert await chat.trigger(message(SAM, "heron!", clock=clock), mentions_bot=True) is None
 
 
 async def test_context_window_records_edits_deletes_and_backfill(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock
 ) -> None:
     pipeline = await make_pipeline(context_messages=3)
-    assert await pipeline.needs_history(CHANNEL)
+    assert await pipeline.chat_log.is_empty(CHANNEL)
     older = [message(SAM, f"old {i}", clock=clock) for i in range(5)]
-    assert await pipeline.record_history(older) == 5
-    assert await pipeline.record_history(older) == 0
-    assert not await pipeline.needs_history(CHANNEL)
-    await pipeline.edit_message(CHANNEL, older[4].message_id, "old 4 (edited)", clock.now())
-    await pipeline.delete_messages(CHANNEL, [older[3].message_id])
+    assert await pipeline.chat_log.record_backfill(older) == 5
+    assert await pipeline.chat_log.record_backfill(older) == 0
+    assert not await pipeline.chat_log.is_empty(CHANNEL)
+    await pipeline.chat_log.edit(CHANNEL, older[4].message_id, "old 4 (edited)", clock.now())
+    await pipeline.chat_log.delete(CHANNEL, [older[3].message_id])
     await pipeline.reply(message(JUNO, "hi", clock=clock))
     history = [m["content"] for m in chat.messages()[1:-1]]
     assert history == ["Sam (user 102): old 2", "Sam (user 102): old 4 (edited)"]
-    assert await pipeline.forget_user_chat(SAM) == 4
+    assert (await build_services(pipeline.core).delete_user_data(SAM))["chat_messages"] == 4
 
 
 async def test_a_persona_too_large_for_the_context_is_an_apology_not_a_request(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock
 ) -> None:
     pipeline = await make_pipeline(chat_context_tokens=2048, chat_max_output_tokens=1000)
-    await pipeline.update_persona(GUILD, prompt="Be very detailed. " * 400)
+    await pipeline.servers.update_persona(GUILD, prompt="Be very detailed. " * 400)
     outcome = await pipeline.reply(message(JUNO, "hi", clock=clock))
     assert outcome.status == ReplyStatus.PROMPT_TOO_LARGE and outcome.chunks == [TOO_LARGE]
     assert outcome.error is not None and "CHAT_CONTEXT_TOKENS is 2048" in outcome.error
     assert chat.requests == []
 
 
-async def test_tail_sources_reuse_the_one_embedding_and_go_near_the_end(
+async def test_a_new_tail_source_plugs_in_reuses_the_one_embedding_and_goes_near_the_end(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock
 ) -> None:
+    """A third source is one class with a name and `find`: the pipeline and the receipt need no change for it."""
     pipeline = await make_pipeline()
     seen: list[object] = []
 
-    async def documents(incoming: IncomingMessage, recall: Recall) -> list[TailItem]:
-        seen.append(recall.query_vector)
-        return [TailItem("document", "doc:rules", '"Rule 1: be kind"', 0.8)]
+    class Rules:
+        name, title, heading, part = "rules", "server rules", "Rules of this server", "rules"
 
-    async def broken(incoming: IncomingMessage, recall: Recall) -> list[TailItem]:
-        raise RuntimeError("index offline")
+        async def find(self, incoming: IncomingMessage, recall: Recall) -> TailReport:
+            seen.append(recall.query_vector)
+            item = TailItem("server_rule", "rule:1", '"Rule 1: be kind"', 0.8, meta={"source": self.name, "rule": 1})
+            return TailReport(self.name, [item])
 
-    pipeline.tail_sources += [broken, documents]
+    class Broken:
+        name, title, heading, part = "broken", "broken index", "Broken index", "broken"
+
+        async def find(self, incoming: IncomingMessage, recall: Recall) -> TailReport:
+            raise RuntimeError("index offline")
+
+    pipeline.sources += [Broken(), Rules()]
     outcome = await pipeline.reply(message(JUNO, "what are the rules?", clock=clock))
     assert outcome.status == ReplyStatus.REPLIED
     assert len(seen) == 1 and seen[0] is outcome.recall.query_vector and seen[0] is not None
     final = chat.messages()[-1]["content"]
     assert final.index("Rule 1: be kind") < final.index("[Message to answer")
     assert "Rule 1" not in chat.messages()[0]["content"]
+    assert outcome.receipt.items("rules") == [{"rule": 1}]
+    assert outcome.receipt.tail_tokens["rules"] > 0
+    assert outcome.receipt.sources["broken"]["note"] == "failed: RuntimeError"
+    assert "server rules: " in outcome.receipt.render()
 
 
 async def test_the_receipt_tells_a_memory_that_came_back_from_one_only_shown(

@@ -1,6 +1,6 @@
-"""Privacy and permissions (SPEC §4, §6), table-driven, against the real database and pipeline.
+"""Privacy and permissions, table-driven, against the real database and pipeline.
 
-One world holds every combination SPEC §4 names: users at each privacy level and one blocked in a
+One world holds every combination of the hiding rules: users at each privacy level and one blocked in a
 server; a server with personal memories off and one with tagging on; personal memories tied to each
 server's persona, to the DM persona, or Global; memories limited to a channel or tagged. For every
 conversation (each server and channel, with and without the tag in the conversation, and DMs), an
@@ -30,13 +30,20 @@ from typing import Any
 import asyncpg
 import pytest
 
-from bot.memory.documents import DocumentLibrary
+from bot.chat.messages import IncomingMessage, UserRef
+from bot.chat.notices import ChangeKind
+from bot.chat.reply import ReplyPipeline
+from bot.documents.service import DocumentLibrary
+from bot.history.service import HistoryIndex
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import DeadlineEmbedder
-from bot.memory.history import HistoryIndex
-from bot.memory.manage import ImportMode, MemoryManager, Scope
-from bot.memory.models import Memory, MemoryList, Privacy, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
-from bot.pipeline import ChangeKind, IncomingMessage, ReplyPipeline, UserRef
+from bot.memory.lists import ImportMode, Scope
+from bot.memory.manage import MemoryManager
+from bot.memory.models import Memory, MemoryList, Source
+from bot.memory.recall import MemoryCore
+from bot.servers.models import Privacy
+from bot.services import build_services
 from tests.conftest import MakeCore
 from tests.discord_fakes import GUILD_ID, Person, SlashHarness
 from tests.fakes import FakeChatServer
@@ -113,7 +120,7 @@ def contexts() -> list[Context]:
 
 
 def visible(spec: Spec, ctx: Context) -> bool:
-    """SPEC §2 step 2 and §4, written from the spec and independently of the SQL."""
+    """the hiding rules, written from the spec and independently of the SQL."""
     tagging = ctx.guild == TAGGED
     words = set(re.findall(r"[\w-]+", ctx.text.casefold()))
     if spec.channels and ctx.channel not in spec.channels:
@@ -155,11 +162,11 @@ async def world(make_core: MakeCore) -> AsyncIterator[World]:
             embedder=DeadlineEmbedder(TopicEmbedder(0), 30.0), chat_base_url=chat.base_url, chat_model="fake-model",
             max_used=500, memory_token_budget=20_000, context_messages=1,
         )
-        pipeline = ReplyPipeline(core, bot_user_id=BOT)
+        pipeline = build_services(core, bot_user_id=BOT).pipeline
         await pipeline.start()
-        await core.update_guild_settings(TAGGED, tagging=True)
-        await core.update_guild_settings(NO_PERSONAL, personal_memories=False)
-        await core.set_blocked(TAGGED, BLOCKED, True)
+        await core.servers.update_guild_settings(TAGGED, tagging=True)
+        await core.servers.update_guild_settings(NO_PERSONAL, personal_memories=False)
+        await core.servers.set_blocked(TAGGED, BLOCKED, True)
         ids = {}
         for spec in world_specs():
             result = await core.save(NewMemory(
@@ -170,7 +177,7 @@ async def world(make_core: MakeCore) -> AsyncIterator[World]:
             assert result.saved is not None, (spec, result.detail)
             ids[spec] = result.saved.id
         for user, level in USERS.items():  # after the saves: `partial` would not stop a command save anyway
-            await core.set_privacy(user, level)
+            await core.servers.set_privacy(user, level)
         try:
             yield World(pipeline, chat, core.clock, ids)  # type: ignore[arg-type]
         finally:
@@ -229,7 +236,7 @@ async def test_the_model_may_not_save_or_change_what_privacy_and_settings_forbid
         ("update_memory", {"memory_id": partial_global, "text": "fact- changed"}),
         ("update_memory", {"memory_id": open_tagged, "text": "fact- changed by the model"}),
     ).text("ok")
-    await world.core.update_guild_settings(TAGGED, notice_verbosity="verbose")
+    await world.core.servers.update_guild_settings(TAGGED, notice_verbosity="verbose")
     outcome = await world.pipeline.reply(incoming(ctx, world))
     kinds = {(change.kind, change.about_user_id) for change in outcome.changes if change.memory_list == MemoryList.PERSONAL}
     # open: saved; partial and full: privacy refuses; blocked: not visible here, so not a participant the model may save about
@@ -277,7 +284,7 @@ async def test_each_command_shows_only_its_own_list(world: World) -> None:
         assert specs([view.memory for view in (await manager.page(ref, 0, 100)).items]) == wanted, (user, where)
         assert {entry["text"] for entry in (await manager.export(ref))["memories"]} == {spec.text for spec in wanted}
         assert specs([view.memory for view in (await manager.search(ref, "fact- about")).items]) <= wanted
-        everything = await manager.export_user_data(user)
+        everything = await build_services(manager.core).export_user_data(user)
         mine = {spec.text for spec in world.ids if spec.owner == user}
         assert {entry["text"] for entry in everything["personal_memories"]} == mine  # every scope, nobody else's
         assert not any(str(other) in json.dumps(everything) for other in USERS if other != user)
@@ -325,7 +332,7 @@ async def test_who_may_run_which_command(harness: SlashHarness) -> None:  # noqa
         ("privacy level", OTHER, {}, False, None),
     ]
     for command, person, options, member_teaching, refusal in table:
-        await core.update_guild_settings(GUILD_ID, member_teaching=member_teaching)
+        await core.servers.update_guild_settings(GUILD_ID, member_teaching=member_teaching)
         call = await harness.run(harness.slash(command, person, **options))
         assert call.ephemeral, command  # every command answer in a server is ephemeral
         text = call.content or call.text()
@@ -386,11 +393,11 @@ async def rows_mentioning(pool: asyncpg.Pool, pattern: str) -> dict[str, int]:
 async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: MakeCore) -> None:
     async with FakeChatServer() as chat:
         core = await make_core(chat_base_url=chat.base_url, chat_model="fake-model", context_messages=5)
-        pipeline = ReplyPipeline(core, bot_user_id=BOT)
+        pipeline = build_services(core, bot_user_id=BOT).pipeline
         await pipeline.start()
         manager = MemoryManager(core)
         try:
-            await core.update_guild_settings(PLAIN, member_teaching=True, notice_verbosity="verbose")
+            await core.servers.update_guild_settings(PLAIN, member_teaching=True, notice_verbosity="verbose")
             here = await manager.personal_list(GONE, PLAIN)
             for text, is_global in ((f"{NAME} keeps a {MARKER} called Pip", False), (f"{NAME} is allergic to {MARKER}s", True)):
                 assert (await manager.add(here, text, by=GONE, is_global=is_global)).saved
@@ -399,27 +406,27 @@ async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: 
                               "memories": [{"text": f"imported {MARKER}", "scope": "global"}]}).encode()
             await manager.import_memories(here, manager.parse_import(here, raw), mode=ImportMode.MERGE, by=GONE)
             assert (await manager.add(await manager.server_list(PLAIN), f"the {MARKER} club meets Fridays", by=GONE)).saved
-            await core.set_privacy(GONE, Privacy.PARTIAL)
-            await core.set_privacy(STAYS, Privacy.NONE)
-            await core.set_blocked(TAGGED, GONE, True)  # a server's moderation decision: kept (see below)
+            await core.servers.set_privacy(GONE, Privacy.PARTIAL)
+            await core.servers.set_privacy(STAYS, Privacy.NONE)
+            await core.servers.set_blocked(TAGGED, GONE, True)  # a server's moderation decision: kept (see below)
 
             def said(author: int, name: str, text: str, mentions: tuple[int, ...] = ()) -> IncomingMessage:
                 return IncomingMessage(next(_message_ids), 31, author, name, text, core.clock.now(), guild_id=PLAIN,
                                        mentions=tuple(UserRef(user, NAME if user == GONE else "Sam") for user in mentions))
 
-            await core.set_privacy(GONE, Privacy.NONE)
+            await core.servers.set_privacy(GONE, Privacy.NONE)
             chat.tool_calls(("save_memory", {"text": f"{NAME} loves {MARKER} songs", "list": "personal"})).text("noted")
             await pipeline.reply(said(GONE, NAME, f"I love {MARKER} songs"))  # message, receipt with the saved text
             chat.tool_calls(("save_memory", {"text": f"Sam likes {NAME}'s {MARKER}", "list": "personal",
                                              "about_user": str(GONE)})).text("ok")
             await pipeline.reply(said(STAYS, "Sam", "hi there", mentions=(GONE,)))  # about GONE, in Sam's reply
             await pipeline.reply(said(STAYS, "Sam", "what's new?"))
-            await pipeline.record_message(said(GONE, NAME, f"another {MARKER} message"))
-            for number in range(14):  # older history, chunked for chat-history recall (SPEC §8)
+            await pipeline.chat_log.record(said(GONE, NAME, f"another {MARKER} message"))
+            for number in range(14):  # older history, chunked for chat-history recall
                 if number == 7:
                     core.clock.current += timedelta(hours=1)  # a pause closes the first chunk
                 author, name = (GONE, NAME) if number % 2 else (STAYS, "Sam")
-                await pipeline.record_message(said(author, name, f"chatter {number} {MARKER if author == GONE else ''}"))
+                await pipeline.chat_log.record(said(author, name, f"chatter {number} {MARKER if author == GONE else ''}"))
             assert await HistoryIndex(core).chunk_pending() > 0
             await DocumentLibrary(core).add(PLAIN, "rules.md", b"# Rules\nBe kind to each other.\n", by=GONE)
             ids_before = [m.id for m in await core.all_memories() if m.owner_id == GONE]
@@ -429,7 +436,7 @@ async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: 
             before = await rows_mentioning(core.pool, pattern)  # the data really is spread over these tables
             assert set(before) >= {"memories", "chat_messages", "chat_users", "user_settings", "reply_receipts",
                                    "guild_blocklist"}
-            counts = await manager.delete_user_data(GONE)
+            counts = await build_services(manager.core).delete_user_data(GONE)
             assert counts["personal_memories"] == len(ids_before)
 
             left = await rows_mentioning(core.pool, rf"(^|[^0-9]){GONE}([^0-9]|$)")

@@ -7,19 +7,11 @@ from datetime import UTC, date, datetime
 
 import pytest
 
+from bot.chat.triggers import Trigger, TriggerFacts, says_name, should_reply
 from bot.memory.models import Memory, MemoryList, ScoredMemory, Source
 from bot.outgoing import ZERO_WIDTH_SPACE, neutralize_broadcasts, neutralize_mentions, split_message
-from bot.pipeline import Trigger, TriggerFacts, says_name, should_reply
-from bot.prompt import (
-    ChatLine,
-    Persona,
-    PromptInput,
-    PromptTooLarge,
-    TailItem,
-    build_prompt,
-    count_tokens,
-    recalled_item,
-)
+from bot.prompt import ChatLine, Persona, PromptInput, PromptTooLarge, TailItem, build_prompt, recalled_item
+from bot.tokens import count_tokens
 
 NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
 JUNO, SAM, BOT = 101, 102, 9000

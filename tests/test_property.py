@@ -1,4 +1,4 @@
-"""Random histories replayed against the real core and a small in-memory model of SPEC §2-§3.
+"""Random histories replayed against the real core and a small in-memory model of the decay rules.
 
 The model is written from the spec, independently of the SQL: if the two ever disagree on a
 counter, a state, what was used, recalled or forgotten, hypothesis shrinks the history to the
@@ -18,9 +18,11 @@ from hypothesis import strategies as st
 
 from bot.config import Settings
 from bot.db import create_pool
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import DeadlineEmbedder
 from bot.memory.models import Conversation, MemoryList, Rejection, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
+from bot.memory.recall import MemoryCore
 from tests.test_rules import FlakyEmbedder
 
 GUILD, CHANNEL = 10, 20
@@ -62,7 +64,7 @@ class ModelMemory:
 
 @dataclass
 class Model:
-    """SPEC §2-§3 for one server, written as plainly as possible."""
+    """the decay rules for one server, written as plainly as possible."""
 
     similarity: np.ndarray
     threshold: float

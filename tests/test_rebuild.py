@@ -1,4 +1,4 @@
-"""Rebuild after a change of embedding space (issue 4 item 5): two spaces in one database, a run interrupted
+"""Rebuild after a change of embedding space: two spaces in one database, a run interrupted
 (a failing provider, a cancelled task) and resumed without embedding anything twice; old vectors never searched
 and removed once the new ones exist; `python -m bot reembed`, `/settings embeddings rebuild` and history-recall."""
 
@@ -13,11 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bot.history.service import HistoryIndex
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import DeadlineEmbedder, EmbeddingSpace
-from bot.memory.history import HistoryIndex
 from bot.memory.models import Conversation, MemoryList, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
-from bot.memory.upkeep import Upkeep
+from bot.memory.recall import MemoryCore
+from bot.upkeep import Upkeep
 from tests.conftest import MakeCore
 from tests.discord_fakes import (
     ADMIN_PERMISSIONS,
@@ -189,7 +191,7 @@ async def harness(make_core: MakeCore) -> AsyncIterator[SlashHarness]:
 
 
 async def test_settings_embeddings_rebuild_shows_progress_in_an_edited_message(harness: SlashHarness, clock: ManualClock) -> None:
-    core: MemoryCore = harness.bot.core  # type: ignore[attr-defined]
+    core: MemoryCore = harness.bot.services.core  # type: ignore[attr-defined]
     down = MemoryCore(core.pool, FlakyEmbedder(core.embedder, ok_calls=0), core.settings, clock)
     for text in ("Juno's cat is called Mochi", "Game night is on Fridays"):
         await down.save(NewMemory(MemoryList.SERVER, text, by=1, via=Source.COMMAND, guild_id=GUILD_ID, by_can_manage=True))
@@ -203,7 +205,7 @@ async def test_settings_embeddings_rebuild_shows_progress_in_an_edited_message(h
         lambda call: command["token"] in call.path and call.method == "PATCH" and "done" in call.content, after=0
     )
     assert "memories 2/2" in final.content and "▰" * 16 in final.content and "100%" in final.content
-    assert await harness.bot.upkeep.waiting() == {"memories": 0, "chunks": 0, "passages": 0}  # type: ignore[attr-defined]
+    assert await harness.bot.services.upkeep.waiting() == {"memories": 0, "chunks": 0, "passages": 0}  # type: ignore[attr-defined]
 
 
 async def test_settings_history_recall(harness: SlashHarness) -> None:
@@ -211,7 +213,7 @@ async def test_settings_history_recall(harness: SlashHarness) -> None:
     assert call.ephemeral and f"History recall is off in <#{OTHER_CHANNEL_ID}>" in call.content
     here = await harness.run(harness.slash("settings history-recall", ADMIN, enabled=False))
     assert f"<#{GENERAL_ID}>" in here.content
-    history: HistoryIndex = harness.bot.history  # type: ignore[attr-defined]
+    history: HistoryIndex = harness.bot.services.history  # type: ignore[attr-defined]
     assert not await history.recall_enabled(OTHER_CHANNEL_ID) and not await history.recall_enabled(GENERAL_ID)
     assert await history.recall_enabled(12345)  # on by default
     shown = await harness.run(harness.slash("settings show", ADMIN))

@@ -1,4 +1,4 @@
-"""Receipts, one embedding request per reply, `/memories why`, and the memory viewer (issue 4 items 3 and 4).
+"""Receipts, one embedding request per reply, `/memories why`, and the memory viewer.
 
 The embedding requests are counted at a local OpenAI-compatible embeddings server (tests/fakes.py), with
 memories, document passages and chat history all searched by the same reply."""
@@ -13,12 +13,16 @@ from collections.abc import AsyncIterator
 import pytest
 from PIL import Image
 
+from bot.chat.messages import UserRef
+from bot.chat.receipts import Receipt, ReplyStatus
+from bot.chat.reply import ReplyPipeline
 from bot.config import Settings
-from bot.memory.chart import buckets, days_unused_chart
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import BuiltinEmbedder, create_embedder
 from bot.memory.models import MemoryList, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
-from bot.pipeline import Receipt, ReplyPipeline, ReplyStatus, UserRef
+from bot.memory.recall import MemoryCore
+from bot.tools.chart import buckets, days_unused_chart
 from tests.conftest import MakeCore
 from tests.discord_fakes import ADMIN_PERMISSIONS, GENERAL_ID, GUILD_ID, Person, SlashHarness, slash_harness
 from tests.fakes import FakeChatServer, FakeEmbeddingsServer
@@ -71,7 +75,7 @@ async def test_one_embedding_request_per_reply_for_memories_documents_and_histor
             assert len(embeddings.requests) == before + 1  # one request, shared by every lookup of the reply
             assert embeddings.requests[-1]["body"]["input"] == [question]
             assert outcome.recall.query_vector is not None
-        assert outcome.receipt.history  # the last question found older chat with that one embedding
+        assert outcome.receipt.items("history")  # the last question found older chat with that one embedding
     finally:
         await world.pipeline.close()
         await embedder.inner.close()  # type: ignore[attr-defined]
@@ -91,7 +95,7 @@ async def test_receipts_match_what_was_sent(world: World, chat: FakeChatServer) 
     await world.upkeep.rebuild()
 
     outcome = await world.pipeline.reply(world.message(JUNO, "what time is game night on friday?"))
-    stored = await world.pipeline.receipt(channel_id=outcome.receipt.channel_id)
+    stored = await world.pipeline.chat_log.receipt(channel_id=outcome.receipt.channel_id)
     assert stored is not None
     receipt = Receipt.from_dict(json.loads(json.dumps(stored)))  # as read back from jsonb
     assert receipt.as_dict() == json.loads(json.dumps(outcome.receipt.as_dict()))
@@ -102,12 +106,13 @@ async def test_receipts_match_what_was_sent(world: World, chat: FakeChatServer) 
     assert [(d["id"], d["list"], d["days_unused"], d["about"]) for d in receipt.desk_detail] == [(desk, "server", 0, None)]
     assert outcome.prompt is not None
     shown = {item.key: item for item in outcome.prompt.tail}
-    assert receipt.documents and receipt.history == []
-    for named in receipt.documents:  # every passage the receipt names was sent, with the tokens it says
+    assert receipt.items("documents") and receipt.items("history") == []
+    for named in receipt.items("documents"):  # every passage the receipt names was sent, with the tokens it says
         item = shown[f"passage:{named['passage_id']}"]
         assert item.text in final and f"{item.text}" not in head
         assert named["tokens"] == item.meta["tokens"] if item.meta else False
-    assert {key for key in shown if key.startswith("passage:")} == {f"passage:{d['passage_id']}" for d in receipt.documents}
+    passages = {f"passage:{d['passage_id']}" for d in receipt.items("documents")}
+    assert {key for key in shown if key.startswith("passage:")} == passages
     assert "nothing relevant" in receipt.sources["history"]["note"]
     assert receipt.tokens == outcome.prompt.tokens.as_dict()
     assert sum(receipt.tail_tokens.values()) == receipt.tokens["tail"]
@@ -133,7 +138,7 @@ async def test_receipts_say_when_the_search_failed_or_the_budget_was_full(
         await world.say(HIKE + HIKE + CHATTER)
         await world.upkeep.rebuild()
         full = await world.pipeline.reply(world.message(JUNO, "how long was the hike with the marmots?"))
-        assert full.receipt.history == []
+        assert full.receipt.items("history") == []
         assert full.receipt.sources["history"]["note"] == "the history budget was full (HISTORY_TOKEN_BUDGET 20)"
         assert (full.receipt.nothing_added_because or "").startswith("the budget was full")
 
@@ -181,8 +186,8 @@ async def harness(make_core: MakeCore) -> AsyncIterator[SlashHarness]:
 
 async def test_memories_why_shows_the_receipt_to_the_caller_only(harness: SlashHarness, clock: ManualClock) -> None:
     bot = harness.bot
-    core: MemoryCore = bot.core  # type: ignore[attr-defined]
-    pipeline: ReplyPipeline = bot.pipeline  # type: ignore[attr-defined]
+    core: MemoryCore = bot.services.core  # type: ignore[attr-defined]
+    pipeline: ReplyPipeline = bot.services.pipeline  # type: ignore[attr-defined]
     empty = await harness.run(harness.slash("memories why", JUNO_P))
     assert empty.ephemeral and empty.content.startswith("I have not replied in this channel yet")
 
@@ -190,8 +195,8 @@ async def test_memories_why_shows_the_receipt_to_the_caller_only(harness: SlashH
     maxs = await core.save(NewMemory(MemoryList.PERSONAL, "Max is allergic to cats", by=MAX.id, via=Source.COMMAND,
                                      guild_id=GUILD_ID, owner_id=MAX.id))
     assert maxs.saved is not None
-    await bot.documents.add(GUILD_ID, "handbook.md", HANDBOOK, by=ADMIN.id)  # type: ignore[attr-defined]
-    world = World(pipeline, bot.history, bot.documents, bot.upkeep, clock)  # type: ignore[attr-defined]
+    await bot.services.documents.add(GUILD_ID, "handbook.md", HANDBOOK, by=ADMIN.id)  # type: ignore[attr-defined]
+    world = World(bot.services, pipeline, bot.services.history, bot.services.documents, bot.services.upkeep, clock)  # type: ignore[attr-defined]
     await world.say([(RIN, "hi all")], guild=GUILD_ID, channel=GENERAL_ID)
     asked = world.message(JUNO, "what time is game night?", guild=GUILD_ID, channel=GENERAL_ID)
     question = dataclasses.replace(asked, mentions=(UserRef(MAX.id, "Max"),))  # Max takes part: his memories count
@@ -211,7 +216,7 @@ async def test_memories_why_shows_the_receipt_to_the_caller_only(harness: SlashH
 
     reply_id = 9_123_456_789  # the bot's reply, as the chat cog records it: a message that references the question
     bot_reply = world.message(BOT, "Fridays at 8pm UTC", guild=GUILD_ID, channel=GENERAL_ID)
-    await pipeline.record_message(dataclasses.replace(bot_reply, message_id=reply_id, reply_to=question.message_id))
+    await pipeline.chat_log.record(dataclasses.replace(bot_reply, message_id=reply_id, reply_to=question.message_id))
     link = f"https://discord.com/channels/{GUILD_ID}/{GENERAL_ID}/{reply_id}"
     linked = await harness.run(harness.slash("memories why", JUNO_P, message=link))
     assert f"/{question.message_id}" in linked.text() and "On the desk (2)" in linked.text()
@@ -225,7 +230,7 @@ async def test_memories_why_shows_the_receipt_to_the_caller_only(harness: SlashH
 
 
 async def test_stats_show_the_viewer_with_a_chart(harness: SlashHarness) -> None:
-    core: MemoryCore = harness.bot.core  # type: ignore[attr-defined]
+    core: MemoryCore = harness.bot.services.core  # type: ignore[attr-defined]
     for text in ("Juno's cat is called Mochi", "Game night is on Fridays", "The server was founded in 2019"):
         await server_memory(core, text, guild=GUILD_ID)
     await core.pool.execute("UPDATE memories SET days_unused = 9 WHERE text LIKE 'The server%'")
@@ -240,7 +245,7 @@ async def test_stats_show_the_viewer_with_a_chart(harness: SlashHarness) -> None
     image = Image.open(io.BytesIO(call.files["days-unused.png"]))
     assert image.size == (640, 300)
 
-    harness.bot.upkeep.last_error = "openai: connection refused"  # type: ignore[attr-defined]
+    harness.bot.services.upkeep.last_error = "openai: connection refused"  # type: ignore[attr-defined]
     call = await harness.run(harness.slash("memories stats", JUNO_P))
     fields = {f["name"]: f["value"] for f in call.embeds[0]["fields"]}
     assert (fields["Waiting for a vector"], fields["Embedding unavailable"]) == ("0", "1")

@@ -3,7 +3,7 @@
 Complements tests/test_pipeline.py (errors, timeouts and malformed tool calls of the chat model) and
 tests/test_embedders.py (the embedder alone): here the provider answers garbage in the middle of a
 reply that also saves memories, and the model loops on tools, answers nothing, or calls tools it was
-not given. Every time the person gets a clear, short answer and no rule of SPEC §2-§3 bends.
+not given. Every time the person gets a clear, short answer and no rule bends.
 """
 
 from __future__ import annotations
@@ -16,12 +16,18 @@ from typing import Any
 import asyncpg
 import pytest
 
+from bot.chat.messages import IncomingMessage
+from bot.chat.notices import ChangeKind
+from bot.chat.receipts import ReplyStatus
+from bot.chat.reply import APOLOGY, EMPTY_ANSWER, ReplyPipeline
 from bot.config import Settings
 from bot.memory import store
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import BuiltinEmbedder, create_embedder
 from bot.memory.models import MemoryList, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
-from bot.pipeline import APOLOGY, EMPTY_ANSWER, ChangeKind, IncomingMessage, ReplyPipeline, ReplyStatus
+from bot.memory.recall import MemoryCore
+from bot.services import build_services
 from tests.fakes import FakeChatServer, FakeEmbeddingsServer
 
 GUILD, CHANNEL, JUNO = 500, 600, 101
@@ -52,10 +58,10 @@ async def test_embedder_garbage_mid_reply_changes_no_counter_and_forgets_nothing
         server_memory_limit=3, dormant_after_days=1,
     )
     core = MemoryCore(pool, create_embedder(settings), settings, clock)  # type: ignore[arg-type]
-    pipeline = ReplyPipeline(core, bot_user_id=9000)
+    pipeline = build_services(core, bot_user_id=9000).pipeline
     await pipeline.start()
     try:
-        await core.update_guild_settings(GUILD, notice_verbosity="verbose")
+        await core.servers.update_guild_settings(GUILD, notice_verbosity="verbose")
         for text in ("The server was founded in 2019", "Movie night is on Fridays", "The mascot is a heron"):
             assert (await core.save(NewMemory(MemoryList.SERVER, text, by=JUNO, guild_id=GUILD))).saved
         clock.current += timedelta(days=1)
@@ -100,7 +106,7 @@ async def test_embedder_garbage_mid_reply_changes_no_counter_and_forgets_nothing
 async def pipeline(make_core: object, chat: FakeChatServer, builtin_embedder: BuiltinEmbedder) -> AsyncIterator[ReplyPipeline]:
     core = await make_core(chat_base_url=chat.base_url, chat_model="fake-model", chat_timeout_s=10.0,  # type: ignore[operator]
                            max_tool_rounds=2)
-    built = ReplyPipeline(core, bot_user_id=9000)
+    built = build_services(core, bot_user_id=9000).pipeline
     await built.start()
     yield built
     await built.close()
@@ -149,7 +155,7 @@ async def test_tools_the_bot_does_not_offer_here_change_nothing(
     kept = await core.save(NewMemory(MemoryList.SERVER, "The server was founded in 2019", by=JUNO, via=Source.COMMAND,
                                      guild_id=GUILD, by_can_manage=True))
     assert kept.saved is not None
-    await core.update_guild_settings(GUILD, self_teaching=False)
+    await core.servers.update_guild_settings(GUILD, self_teaching=False)
     chat.tool_calls(("save_memory", {"text": "Sneaky fact", "list": "server"}),
                     ("forget_memory", {"memory_id": kept.saved.id}), text="ok")
     outcome = await pipeline.reply(said("remember this", clock))
@@ -196,7 +202,7 @@ async def test_connections_dropped_while_the_model_thinks_are_replaced_transpare
     in full. (A connection killed in the middle of a statement is tests/test_faults.py's case: that reply fails.)"""
     async with KillingChatServer(db_url) as chat:
         core: MemoryCore = await make_core(chat_base_url=chat.base_url, chat_model="fake-model", chat_timeout_s=10.0)
-        pipeline = ReplyPipeline(core, bot_user_id=9000)
+        pipeline = build_services(core, bot_user_id=9000).pipeline
         await pipeline.start()
         try:
             assert (await core.save(NewMemory(MemoryList.SERVER, "The mascot is a heron", by=JUNO, guild_id=GUILD))).saved

@@ -16,8 +16,11 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from bot.chat import log_store
+from bot.chat.receipts import ReplyStatus
 from bot.config import Settings
-from bot.memory import store
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import (
     BuiltinEmbedder,
     DeadlineEmbedder,
@@ -27,14 +30,9 @@ from bot.memory.embeddings import (
     create_embedder,
 )
 from bot.memory.models import Conversation, MemoryList
-from bot.memory.recall import ManualClock, NewMemory
-from bot.pipeline import ReplyPipeline, ReplyStatus
-from bot.prompt import (
-    _count_long,
-    _count_short,
-    count_tokens,
-    count_tokens_uncached,
-)
+from bot.servers import store as servers_store
+from bot.services import build_services
+from bot.tokens import _count_long, _count_short, count_tokens, count_tokens_uncached
 from tests.conftest import MakeCore
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import BOT, CHANNEL, GUILD, JUNO, RIN, SAM, message
@@ -242,7 +240,7 @@ async def test_the_chat_call_sends_the_request_as_built_with_the_api_key(
     make_core: MakeCore, header_chat: HeaderRecordingChat, clock: ManualClock
 ) -> None:
     core = await make_core(chat_base_url=header_chat.base_url, chat_model="fake-model", chat_api_key="sk-test-key-123")
-    pipeline = ReplyPipeline(core, bot_user_id=BOT)
+    pipeline = build_services(core, bot_user_id=BOT).pipeline
     await pipeline.start()
     try:
         header_chat.tool_calls(("save_memory", {"text": "Juno plays the cello", "list": "personal"})).text("Noted.")
@@ -265,12 +263,13 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
 ) -> None:
     counting = CountingPool(pool)
     core = await make_core(pool_=counting, chat_base_url=chat.base_url, chat_model="fake-model", context_messages=3)
-    pipeline = ReplyPipeline(core, bot_user_id=BOT)
+    pipeline = build_services(core, bot_user_id=BOT).pipeline
+    pipeline.sources = []  # the tail sources' own searches are measured elsewhere
     await pipeline.start()
-    await pipeline.add_lore(GUILD, "The mascot is a heron.", by=JUNO)
+    await pipeline.servers.add_lore(GUILD, "The mascot is a heron.", by=JUNO)
     assert (await core.save(NewMemory(MemoryList.PERSONAL, "Rin plays drums", by=RIN, guild_id=GUILD, owner_id=RIN))).saved
     for text in ("one", "two", "three"):
-        await pipeline.record_message(message(SAM, text, clock=clock))
+        await pipeline.chat_log.record(message(SAM, text, clock=clock))
     await pipeline.reply(message(JUNO, "warming up", clock=clock))  # persona and space ids are cached after this
 
     searched: list[tuple[int, int]] = []  # statements and acquisitions of the core's search (its own business)
@@ -291,8 +290,9 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
     own_statements = len(counting.statements) - statements - searched[0][0]
     own_acquisitions = counting.acquisitions - acquisitions - searched[0][1]
     assert outcome.status == ReplyStatus.REPLIED
-    # the message and names; the window, persona, lore, settings, names and previous head; the receipt
-    assert (own_statements, own_acquisitions) == (3, 2), counting.statements[statements:]
+    # the chat log's two on one connection (the message and names; the window, names and previous head), the
+    # servers' one at the same time (persona, lore, settings), then the receipt
+    assert (own_statements, own_acquisitions) == (4, 3), counting.statements[statements:]
     # the window: the last context_messages up to the answered one, without it; the names as just given
     assert [m["content"] for m in chat.messages()[1:-1]] == ["Sam (user 102): three", "Juno (user 101): warming up"]
     assert "Juno the Great (user 101): hey" in chat.messages()[-1]["content"]
@@ -303,7 +303,7 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
 
     # another bot process turns self-teaching off: the next reply offers no tools (nothing cached)
     async with pool.acquire() as conn:
-        await store.update_guild_settings(conn, GUILD, {"self_teaching": False})
+        await servers_store.update_guild_settings(conn, GUILD, {"self_teaching": False})
     await pipeline.reply(message(JUNO, "and now?", clock=clock))
     assert "tools" not in chat.requests[-1]
     await pipeline.close()
@@ -311,14 +311,15 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
 
 async def test_receipts_are_trimmed_to_the_same_number_as_before(pool: asyncpg.Pool, clock: ManualClock) -> None:
     async with pool.acquire() as conn:
-        for number in range(store.RECEIPTS_KEPT_PER_CHANNEL + 5):
-            await store.save_reply_receipt(
+        for number in range(log_store.RECEIPTS_KEPT_PER_CHANNEL + 5):
+            await log_store.save_reply_receipt(
                 conn, guild_id=GUILD, channel_id=CHANNEL, message_id=number, head_hash=f"h{number}",
                 receipt={"n": number}, created_at=clock.now(),
             )
         kept = await conn.fetch("SELECT message_id FROM reply_receipts WHERE channel_id = $1 ORDER BY id", CHANNEL)
-        assert len(kept) == store.RECEIPTS_KEPT_PER_CHANNEL and kept[-1]["message_id"] == store.RECEIPTS_KEPT_PER_CHANNEL + 4
-        assert await store.previous_head_hash(conn, CHANNEL) == f"h{store.RECEIPTS_KEPT_PER_CHANNEL + 4}"
+        kept_per_channel = log_store.RECEIPTS_KEPT_PER_CHANNEL
+        assert len(kept) == kept_per_channel and kept[-1]["message_id"] == kept_per_channel + 4
+        assert await log_store.previous_head_hash(conn, CHANNEL) == f"h{log_store.RECEIPTS_KEPT_PER_CHANNEL + 4}"
 
 
 def test_the_bot_runs_on_uvloop_when_it_is_installed() -> None:

@@ -1,4 +1,4 @@
-"""Every rule of SPEC §2-§4 and §7, each with a test that fails if the rule breaks.
+"""Every rule of docs/memory-rules.md, each with a test that fails if the rule breaks.
 
 All against the real PostgreSQL and the real built-in embedder. Dates move with a ManualClock;
 `dormant_after_days` is lowered where a rule only needs "dormant", to keep tests short.
@@ -12,9 +12,12 @@ import asyncpg
 import numpy as np
 import pytest
 
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import EmbeddingError, EmbeddingSpace, NoEmbedder
-from bot.memory.models import Conversation, Memory, MemoryList, Privacy, Rejection, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
+from bot.memory.models import Conversation, Memory, MemoryList, Rejection, Source
+from bot.memory.recall import MemoryCore
+from bot.servers.models import Privacy
 from tests.conftest import MakeCore
 
 GUILD, OTHER_GUILD, CHANNEL, OTHER_CHANNEL = 10, 11, 20, 21
@@ -83,7 +86,7 @@ async def chat_days(core: MemoryCore, clock: ManualClock, days: int, start: date
     return day
 
 
-# --- SPEC §2 ------------------------------------------------------------------------------------
+# --- the search on every reply ---------------------------------------------------------------------
 
 
 async def test_memory_ages_once_per_chat_day_and_not_on_the_day_it_is_saved(make_core: MakeCore, clock: ManualClock) -> None:
@@ -166,7 +169,7 @@ async def test_desk_order_is_server_by_id_then_personal_grouped_by_user(make_cor
     assert [m.id for m in recall.desk] == [server_1.id, server_2.id, juno_1.id, bau_1.id, bau_2.id]
 
 
-# --- SPEC §3 ------------------------------------------------------------------------------------
+# --- saving and forgetting -----------------------------------------------------------------------
 
 
 async def test_forgetting_order_never_matched_oldest_first_then_matched_longest_ago(
@@ -276,7 +279,7 @@ async def test_who_may_save_and_change(make_core: MakeCore, clock: ManualClock) 
     assert stranger.rejected == Rejection.NOT_ALLOWED
     member = await core.save(NewMemory(MemoryList.SERVER, CAT, by=JUNO, via=Source.COMMAND, guild_id=GUILD))
     assert member.rejected == Rejection.NOT_ALLOWED
-    await core.update_guild_settings(GUILD, member_teaching=True)
+    await core.servers.update_guild_settings(GUILD, member_teaching=True)
     own = await save_ok(core, NewMemory(MemoryList.SERVER, CAT, by=JUNO, via=Source.COMMAND, guild_id=GUILD))
     assert (await core.edit(own.id, CAT + "!", by=JUNO, via=Source.COMMAND)).saved is not None
     admin_made = await save_ok(core, server_memory(MINECRAFT, via=Source.COMMAND))
@@ -285,7 +288,7 @@ async def test_who_may_save_and_change(make_core: MakeCore, clock: ManualClock) 
     assert (await core.edit(bau_tea.id, "tea", by=JUNO, via=Source.COMMAND)).rejected == Rejection.NOT_ALLOWED
     assert (await core.delete(bau_tea.id, by=BAU, via=Source.COMMAND)).rejected is None
 
-    await core.update_guild_settings(GUILD, self_teaching=False)
+    await core.servers.update_guild_settings(GUILD, self_teaching=False)
     assert (await core.save(server_memory(TEA))).rejected == Rejection.NOT_ALLOWED
     assert (await core.save(personal_memory(BASS, JUNO))).rejected == Rejection.NOT_ALLOWED
     assert (await core.save(personal_memory(BASS, JUNO, guild=None))).saved is not None  # DMs are not that server
@@ -295,7 +298,7 @@ async def test_partial_privacy_blocks_bot_saves_and_edits_but_not_deletes(make_c
     core = await make_core()
     clock.set_date(DAY1)
     tea = await save_ok(core, personal_memory(TEA, BAU))
-    await core.set_privacy(BAU, Privacy.PARTIAL)
+    await core.servers.set_privacy(BAU, Privacy.PARTIAL)
     assert (await core.save(personal_memory("Bau has two sisters", BAU))).rejected == Rejection.PRIVACY
     assert (await core.edit(tea.id, "Bau now drinks coffee", by=JUNO, via=Source.BOT)).rejected == Rejection.PRIVACY
     assert (await core.save(personal_memory("Bau has two sisters", BAU, via=Source.COMMAND))).saved is not None
@@ -308,7 +311,7 @@ async def test_blocked_users_and_personal_memories_off(make_core: MakeCore, cloc
     core = await make_core()
     clock.set_date(DAY1)
     tea = await save_ok(core, personal_memory(TEA, BAU, guild=None, is_global=True, via=Source.COMMAND))
-    await core.set_blocked(GUILD, BAU, True)
+    await core.servers.set_blocked(GUILD, BAU, True)
     assert (await core.save(personal_memory("Bau has two sisters", BAU))).rejected == Rejection.NOT_ALLOWED
     assert (await core.save(NewMemory(MemoryList.SERVER, CAT, by=BAU, guild_id=GUILD))).rejected == Rejection.NOT_ALLOWED
     recall = await core.reply_search(message(ASK_TEA, author=JUNO, participant_ids=(BAU,)))
@@ -316,7 +319,7 @@ async def test_blocked_users_and_personal_memories_off(make_core: MakeCore, cloc
     elsewhere = await core.reply_search(message(ASK_TEA, author=BAU, guild=OTHER_GUILD))
     assert [s.memory.id for s in elsewhere.used] == [tea.id]  # the block holds in that server only
 
-    await core.update_guild_settings(OTHER_GUILD, personal_memories=False)
+    await core.servers.update_guild_settings(OTHER_GUILD, personal_memories=False)
     off = await core.reply_search(message(ASK_TEA, author=BAU, guild=OTHER_GUILD))
     assert off.used == [] and off.desk == []
     assert (await core.save(personal_memory("Bau has two sisters", BAU, guild=OTHER_GUILD))).rejected == Rejection.NOT_ALLOWED
@@ -324,14 +327,14 @@ async def test_blocked_users_and_personal_memories_off(make_core: MakeCore, cloc
     assert [s.memory.id for s in dm.used] == [tea.id]
 
 
-# --- SPEC §4: hidden memories are never searched, aged, recalled or shown -------------------------
+# --- hidden memories are never searched, aged, recalled or shown -------------------------
 
 
 async def test_full_privacy_hides_personal_memories_everywhere(make_core: MakeCore, clock: ManualClock) -> None:
     core = await make_core()
     clock.set_date(DAY1)
     tea = await save_ok(core, personal_memory(TEA, BAU, guild=None, is_global=True, via=Source.COMMAND))
-    await core.set_privacy(BAU, Privacy.FULL)
+    await core.servers.set_privacy(BAU, Privacy.FULL)
     clock.set_date(DAY1 + timedelta(days=1))
     for guild in (GUILD, None):
         recall = await core.reply_search(message(ASK_TEA, author=BAU, guild=guild))
@@ -362,7 +365,7 @@ async def test_tags_hide_a_memory_unless_a_tag_is_in_the_context_when_tagging_is
     assert tagged.tags == ("minecraft", "servers")
     without = await core.reply_search(message(CHATTER[0]))
     assert {m.id for m in without.desk} == {tagged.id, untagged.id}  # tagging is off by default
-    await core.update_guild_settings(GUILD, tagging=True)
+    await core.servers.update_guild_settings(GUILD, tagging=True)
     clock.set_date(DAY1 + timedelta(days=1))
     hidden = await core.reply_search(message(CHATTER[0]))
     assert [m.id for m in hidden.desk] == [untagged.id]
@@ -386,7 +389,7 @@ async def test_persona_ties_and_global_memories(make_core: MakeCore, clock: Manu
     assert server_here.id not in [m.id for m in (await core.reply_search(message(ASK_CAT, guild=OTHER_GUILD))).desk]
 
 
-# --- SPEC §7: switches ---------------------------------------------------------------------------
+# --- switches ---------------------------------------------------------------------------
 
 
 async def test_decay_switched_off_keeps_everything_active_and_full_lists_reject(make_core: MakeCore, clock: ManualClock) -> None:
@@ -480,7 +483,7 @@ async def test_changing_the_embedding_space_waits_then_reembeds(
     assert [row["model"] for row in spaces] == ["same-dimension-other-model"]  # stale vectors removed
 
 
-# --- issue 5 extensions: MAX_RECALLED and DESK_REFRESH=daily --------------------------------------
+# --- beyond the plain rules: MAX_RECALLED and DESK_REFRESH=daily --------------------------------------
 
 
 async def test_max_recalled_brings_more_dormant_matches_into_the_tail_without_resetting_them(

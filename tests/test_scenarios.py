@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bot.config import Settings
-from bot.simulate import ScenarioError, simulate
+from bot.tools.simulate import ScenarioError, simulate
 from tests.conftest import SHARED
 
 OWN = sorted((Path(__file__).parent / "scenarios").glob("*.jsonl"))

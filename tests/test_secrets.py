@@ -114,9 +114,10 @@ async def test_no_secret_in_logs_receipts_messages_or_exports(
             "EMBEDDING_PROVIDER": "openai", "EMBEDDING_BASE_URL": providers.url, "EMBEDDING_API_KEY": EMBED_KEY,
             "EMBEDDING_MODEL": "fake-embed",
         }, dotenv_path=None)
-        bot = DeskmateBot(settings, guild_ready_timeout=0.1)
-        running = asyncio.create_task(run_bot(settings, bot=bot))
+        made: asyncio.Future[DeskmateBot] = asyncio.get_running_loop().create_future()
+        running = asyncio.create_task(run_bot(settings, on_start=made.set_result, guild_ready_timeout=0.1))
         try:
+            bot = await asyncio.wait_for(made, 60)
             await asyncio.wait_for(bot.wait_until_ready(), 60)
             juno = user(102, "Juno")
             for text in ("hi, do you remember me?", "and now?"):
@@ -133,8 +134,8 @@ async def test_no_secret_in_logs_receipts_messages_or_exports(
             await harness.run(harness.slash("personal memories add", person, text="Juno keeps bees"))
             command = harness.slash("privacy export-my-data", person)
             await harness.next_call(command, after=await harness.run(command))
-            assert bot.core is not None
-            rows = await bot.core.pool.fetch("SELECT receipt::text AS receipt FROM reply_receipts ORDER BY id")
+            assert bot.services.core is not None
+            rows = await bot.services.core.pool.fetch("SELECT receipt::text AS receipt FROM reply_receipts ORDER BY id")
             receipts = [row["receipt"] for row in rows]
         finally:
             if not running.done():

@@ -13,9 +13,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.bot import DeskmateBot
-from bot.memory.models import MemoryList, Privacy, Source
-from bot.memory.recall import MemoryCore, NewMemory
-from bot.pipeline import ReplyPipeline
+from bot.memory.base import NewMemory
+from bot.memory.models import MemoryList, Source
+from bot.memory.recall import MemoryCore
+from bot.servers.models import Privacy
+from bot.services import build_services
 from tests.conftest import MakeCore
 from tests.discord_fakes import (
     ADMIN_PERMISSIONS,
@@ -47,7 +49,7 @@ async def harness(make_core: MakeCore) -> AsyncIterator[SlashHarness]:
 
 
 def core_of(h: SlashHarness) -> MemoryCore:
-    return h.bot.core  # type: ignore[attr-defined,return-value]
+    return h.bot.services.core  # type: ignore[attr-defined,return-value]
 
 
 async def server_memory(h: SlashHarness, text: str, by: int = ADMIN.id) -> int:
@@ -241,7 +243,7 @@ async def test_personal_memories_nested_group_scopes_and_dms(harness: SlashHarne
 
 
 async def test_personal_add_notes_when_memories_are_not_used(harness: SlashHarness) -> None:
-    await core_of(harness).set_privacy(JUNO.id, Privacy.FULL)
+    await core_of(harness).servers.set_privacy(JUNO.id, Privacy.FULL)
     call = await harness.run(harness.slash("personal memories add", JUNO, text="I like tea"))
     assert "Saved personal memory" in call.content and "privacy level is `full`" in call.content
 
@@ -353,14 +355,14 @@ async def test_settings_notices_blocklist_auto_reply_persona_and_lore(harness: S
     shown = await harness.run(harness.slash("settings show", ADMIN))
     text = shown.text()
     assert "Persona: Juniper" in text and "**language**: Spanish" in text and "1 entries" in text and "Tagging" in text
-    pipeline = harness.bot.pipeline  # type: ignore[attr-defined]
-    assert (await pipeline.persona(GUILD_ID))["attributes"] == {"language": "Spanish"}
-    [entry] = await pipeline.lore(GUILD_ID)
+    pipeline = harness.bot.services.pipeline  # type: ignore[attr-defined]
+    assert (await pipeline.servers.persona(GUILD_ID))["attributes"] == {"language": "Spanish"}
+    [entry] = await pipeline.servers.lore(GUILD_ID)
     choices = await harness.run(harness.autocomplete("settings lore remove", ADMIN, "entry", entry="spanish"))
     assert choices.body and choices.body["data"]["choices"][0]["value"] == entry["id"]
     removed = await harness.run(harness.slash("settings lore remove", ADMIN, entry=entry["id"]))
     assert removed.content == f"Removed lore entry #{entry['id']}."
-    assert await pipeline.lore(GUILD_ID) == []
+    assert await pipeline.servers.lore(GUILD_ID) == []
 
 
 async def test_persona_prompt_modal(harness: SlashHarness) -> None:
@@ -370,7 +372,7 @@ async def test_persona_prompt_modal(harness: SlashHarness) -> None:
     typed = {"Who is the bot here, and how does it talk?": "You are Juniper."}
     done = await harness.run(harness.modal_submit(modal, ADMIN, typed))
     assert "Saved the persona prompt" in done.content
-    assert (await harness.bot.pipeline.persona(GUILD_ID))["prompt"] == "You are Juniper."  # type: ignore[attr-defined]
+    assert (await harness.bot.services.pipeline.servers.persona(GUILD_ID))["prompt"] == "You are Juniper."  # type: ignore[attr-defined]
 
 
 async def test_stats_and_search(harness: SlashHarness) -> None:
@@ -397,10 +399,9 @@ def test_snowflakes_are_unique() -> None:
 
 
 async def test_dev_guild_sync_is_instant_and_guild_scoped(make_core) -> None:
-    core: MemoryCore = await make_core()
-    settings = core.settings.with_overrides(dev_guild_id=GUILD_ID)
+    core: MemoryCore = await make_core(dev_guild_id=GUILD_ID)
     async with FakeDiscord() as fake:
-        bot = DeskmateBot(settings, core=core, pipeline=ReplyPipeline(core))
+        bot = DeskmateBot(build_services(core))
         try:
             await bot.login("fake-token")
             puts = fake.find(lambda c: c.method == "PUT")
@@ -419,4 +420,4 @@ async def test_nested_settings_groups_also_need_manage_server(harness: SlashHarn
     ):
         call = await harness.run(payload)
         assert call.ephemeral and call.content == "Only members with Manage Server can change Deskmate's settings here."
-    assert await harness.bot.manager.blocklist(GUILD_ID) == []  # type: ignore[attr-defined]
+    assert await harness.bot.services.servers.blocklist(GUILD_ID) == []  # type: ignore[attr-defined]

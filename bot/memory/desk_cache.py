@@ -13,7 +13,7 @@ only ids, counters and stamps through its joins. A memory sent that the statemen
 aged comes with the new row version's stamp and counters (`next_*`): the cache holds that version
 from then on, so the next reply does not send it again in full (the memories a reply uses would
 otherwise come back in full on the next one). The reply itself still sees the values from before
-the search (SPEC §2).
+the search.
 
 Why this is exact: any write to a memory (counters, text, tags, channel limits, owner, persona)
 creates a new row version with a new xmin, and nothing of a `Memory` lives outside its row, so
@@ -56,7 +56,7 @@ DEFAULT_MAX_MEMORIES = 20_000  # ≈ 20 MB of Memory objects at most; a busy ser
 
 
 def prompt_order(memory: Memory) -> OrderKey:
-    """SPEC §5 order of the desk: server memories by id, then personal memories grouped by user, each by id."""
+    """prompt order of the desk: server memories by id, then personal memories grouped by user, each by id."""
     return (memory.list != MemoryList.SERVER, memory.owner_id or 0, memory.id)
 
 

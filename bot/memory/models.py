@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from bot.errors import InvalidInput, NotAllowed, Refusal
+
 
 class MemoryList(StrEnum):
     SERVER = "server"
@@ -32,12 +34,6 @@ class Rejection(StrEnum):
     INVALID_TEXT = "invalid_text"
     PRIVACY = "privacy"
     NOT_ALLOWED = "not_allowed"
-
-
-class Privacy(StrEnum):
-    NONE = "none"
-    PARTIAL = "partial"
-    FULL = "full"
 
 
 _LISTS: dict[str, MemoryList] = {member.value: member for member in MemoryList}
@@ -127,12 +123,12 @@ class Conversation:
 
 @dataclass
 class Recall:
-    """The outcome of one reply's search (SPEC §2).
+    """The outcome of one reply's search.
 
     `desk` is the active set as it stood before this search, in prompt order (server memories by
     id, then personal memories grouped by user). `used` are the top matches, best first;
     `recalled` the dormant matches that go near the end of this reply's prompt, best first: the
-    used ones that were dormant (SPEC §2; they come back to the desk) and, up to MAX_RECALLED in
+    used ones that were dormant and, up to MAX_RECALLED in
     all, further dormant matches, which are shown but stay in the drawer.
     """
 
@@ -159,31 +155,14 @@ class SaveResult:
     def ok(self) -> bool:
         return self.saved is not None
 
+    @property
+    def refusal(self) -> Refusal | None:
+        """The refusal this result carries, as the one family adapters translate (None when nothing was refused).
 
-@dataclass(frozen=True)
-class GuildSettings:
-    guild_id: int
-    notices: str = "visible"
-    notice_verbosity: str = "minimal"
-    log_channel_id: int | None = None
-    self_teaching: bool = True
-    member_teaching: bool = False
-    personal_memories: bool = True
-    tagging: bool = False
-    auto_reply_channel_ids: tuple[int, ...] = ()
-
-    @classmethod
-    def from_row(cls, guild_id: int, row: Mapping[str, Any] | None) -> GuildSettings:
-        if row is None:
-            return cls(guild_id)
-        return cls(
-            guild_id=guild_id,
-            notices=row["notices"],
-            notice_verbosity=row["notice_verbosity"],
-            log_channel_id=row["log_channel_id"],
-            self_teaching=row["self_teaching"],
-            member_teaching=row["member_teaching"],
-            personal_memories=row["personal_memories"],
-            tagging=row["tagging"],
-            auto_reply_channel_ids=tuple(row["auto_reply_channel_ids"]),
-        )
+        The core returns refusals as results rather than raising them, because a reply's tool calls go on
+        after one is refused and each refusal is reported to the model.
+        """
+        if self.rejected is None:
+            return None
+        kind = InvalidInput if self.rejected == Rejection.INVALID_TEXT else NotAllowed
+        return kind(self.detail, reason=self.rejected.value)

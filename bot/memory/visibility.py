@@ -1,4 +1,4 @@
-"""Inputs of the hiding rules of SPEC §4 that are computed from text rather than stored state.
+"""Inputs of the hiding rules (docs/memory-rules.md) that are computed from text rather than stored state.
 
 The stored rules (privacy, blocklist, personal memories off, channel limits, persona) are applied
 inside the search statement in `store.py`; this module prepares what that statement needs and
@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Iterable
+
+from bot.errors import InvalidInput
 
 TAG_PATTERN = re.compile(r"^[\w-]{1,32}$")
 WORD_PATTERN = re.compile(r"[\w-]+")
@@ -39,10 +41,10 @@ def normalize_tags(tags: Iterable[str]) -> tuple[str, ...]:
         if not tag:
             continue
         if not TAG_PATTERN.match(tag):
-            raise ValueError(f"tag {shown(raw)} must be one word of letters, digits, '-' or '_' (at most 32)")
+            raise InvalidInput(f"tag {shown(raw)} must be one word of letters, digits, '-' or '_' (at most 32)")
         seen[tag] = None
     if len(seen) > MAX_TAGS:
-        raise ValueError(f"a memory can have at most {MAX_TAGS} tags")
+        raise InvalidInput(f"a memory can have at most {MAX_TAGS} tags")
     return tuple(seen)
 
 
@@ -61,7 +63,7 @@ def clean_text(text: str, max_chars: int) -> str:
     kept = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
     kept = kept.strip()
     if not kept or all(ch.isspace() or unicodedata.category(ch) in INVISIBLE_CATEGORIES for ch in kept):
-        raise ValueError("the memory text is empty")
+        raise InvalidInput("the memory text is empty")
     if len(kept) > max_chars:
-        raise ValueError(f"the memory text has {len(kept)} characters; the limit is {max_chars}")
+        raise InvalidInput(f"the memory text has {len(kept)} characters; the limit is {max_chars}")
     return kept

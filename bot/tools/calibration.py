@@ -1,7 +1,7 @@
 """Calibrate MIN_SIMILARITY: how well does one cosine threshold separate real matches from chatter?
 
 A memory counts as "used" on a reply when the cosine similarity between the latest message and the
-memory text is at least MIN_SIMILARITY (SPEC §2 step 4). Too low and chatter pulls unrelated
+memory text is at least MIN_SIMILARITY. Too low and chatter pulls unrelated
 memories back onto the desk (longer, costlier prompts, and nothing ever decays); too high and a
 person asking "how is Mochi?" gets no recall. The right value depends on the embedding model, so
 it is measured, not guessed: a hand-written set of (memory, message, match) pairs in

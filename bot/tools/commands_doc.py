@@ -11,8 +11,6 @@ from typing import Any
 import discord
 from discord import app_commands
 
-from bot.config import Settings
-
 CONTEXT_NAMES = {0: "servers", 1: "bot DMs", 2: "private channels"}
 TYPE_NAMES = {
     1: "subcommand",
@@ -70,11 +68,15 @@ def _command(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 async def build_tree() -> app_commands.CommandTree:
-    """Load every cog into an offline bot (no token, no database) and return its command tree."""
-    from bot.bot import DeskmateBot
+    """Load every cog into an offline bot (no token, no database, no services: the cogs reach those only when a
+    command runs) and return its command tree."""
+    from discord.ext import commands
 
-    bot = DeskmateBot(Settings(), sync_commands=False)
-    await bot.load_cogs()
+    from bot.bot import EXTENSIONS, deskmate_intents
+
+    bot = commands.Bot(command_prefix=commands.when_mentioned, help_command=None, intents=deskmate_intents())
+    for extension in EXTENSIONS:
+        await bot.load_extension(extension)
     return bot.tree
 
 

@@ -15,11 +15,9 @@ import time
 from typing import TextIO
 
 from bot.config import Settings
-from bot.db import Database
 from bot.memory.embeddings import create_embedder
-from bot.memory.history import HistoryIndex
-from bot.memory.recall import MemoryCore
-from bot.memory.upkeep import RebuildProgress, Upkeep
+from bot.services import open_services
+from bot.upkeep import RebuildProgress
 
 BAR_WIDTH = 30
 
@@ -53,15 +51,13 @@ class TerminalBar:
 async def run_reembed(settings: Settings, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
-    database = await Database.open(settings)
-    try:
-        embedder = create_embedder(settings)
-        if embedder.space is None:
-            print("error: no embedding provider is configured (EMBEDDING_PROVIDER=none); nothing to embed", file=err)
-            return 1
-        await embedder.warm_up()
-        core = MemoryCore(database.pool, embedder, settings)
-        upkeep = Upkeep(core, HistoryIndex(core))
+    embedder = create_embedder(settings)
+    if embedder.space is None:
+        print("error: no embedding provider is configured (EMBEDDING_PROVIDER=none); nothing to embed", file=err)
+        return 1
+    await embedder.warm_up()
+    async with open_services(settings, embedder=embedder) as services:
+        upkeep = services.upkeep
         print(f"Embedding with {embedder.space}; what is missing: {await upkeep.waiting()}", file=out, flush=True)
         state = await upkeep.rebuild(TerminalBar(err))
         if state.paused:
@@ -73,8 +69,6 @@ async def run_reembed(settings: Settings, *, out: TextIO | None = None, err: Tex
             file=out,
         )
         return 0
-    finally:
-        await database.close()
 
 
 def main(settings: Settings) -> int:

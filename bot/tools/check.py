@@ -9,23 +9,14 @@ can act on it.
 from __future__ import annotations
 
 from bot.config import Settings
-from bot.db import Database
-from bot.memory import store
-
-
-async def find_problems(database: Database, settings: Settings) -> dict[str, list[str]]:
-    async with database.pool.acquire() as conn:
-        return await store.integrity_problems(conn, settings.server_memory_limit, settings.personal_memory_limit)
+from bot.memory.embeddings import NoEmbedder
+from bot.services import open_services
 
 
 async def run_check(settings: Settings) -> int:
-    database = await Database.open(settings, max_size=2)
-    try:
-        problems = await find_problems(database, settings)
-        async with database.pool.acquire() as conn:
-            total = await conn.fetchval("SELECT count(*) FROM memories")
-    finally:
-        await database.close()
+    async with open_services(settings, embedder=NoEmbedder()) as services:
+        problems = await services.core.integrity_problems()
+        total = await services.core.count_memories()
     found = {name: lines for name, lines in problems.items() if lines}
     if not found:
         print(f"ok: {total} memories checked, {len(problems)} rules hold")

@@ -17,10 +17,23 @@ from typing import Any
 import numpy as np
 
 from bot.config import Settings
-from bot.db import DatabaseError, EmbeddedServer, apply_migrations, create_pool, drop_database, ensure_database, with_database
+from bot.db import (
+    Database,
+    DatabaseError,
+    EmbeddedServer,
+    apply_migrations,
+    create_pool,
+    drop_database,
+    ensure_database,
+    with_database,
+)
+from bot.memory.base import NewMemory
+from bot.memory.clock import ManualClock
 from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder, EmbeddingError, EmbeddingSpace, NoEmbedder
-from bot.memory.models import Conversation, Memory, MemoryList, Privacy, Source
-from bot.memory.recall import ManualClock, MemoryCore, NewMemory
+from bot.memory.models import Conversation, Memory, MemoryList, Source
+from bot.memory.recall import MemoryCore
+from bot.servers.models import Privacy
+from bot.services import open_services
 
 
 class ScenarioError(ValueError):
@@ -280,13 +293,13 @@ async def run_steps(
                 "desk": [label_of.get(m.id) for m in recall.desk],
             }
         elif op == "privacy":
-            await core.set_privacy(names("user", step["user"]), Privacy(step["level"]))
+            await core.servers.set_privacy(names("user", step["user"]), Privacy(step["level"]))
         elif op == "block":
-            await core.set_blocked(names("guild", step["guild"]), names("user", step["user"]), step["blocked"])
+            await core.servers.set_blocked(names("guild", step["guild"]), names("user", step["user"]), step["blocked"])
         elif op == "server":
             changes = {key: step[key] for key in ("tagging", "personal_memories") if key in step}
             if changes:
-                await core.update_guild_settings(names("guild", step["guild"]), **changes)
+                await core.servers.update_guild_settings(names("guild", step["guild"]), **changes)
         memories = await core.all_memories()
         existing = {memory.id for memory in memories}
         for memory_id in [i for i in id_of.values() if i not in existing]:
@@ -335,8 +348,8 @@ async def simulate(
                 inner = (builtin or BuiltinEmbedder()) if embedder_name == "builtin" else NoEmbedder()
                 embedder = SwitchableEmbedder(DeadlineEmbedder(inner, max(settings.embedding_timeout_s, 30.0)))
                 clock = ManualClock()
-                core = MemoryCore(pool, embedder, settings, clock)
-                await run_steps(steps, core, clock, embedder, emit)
+                async with open_services(settings, database=Database(url, pool), embedder=embedder, clock=clock) as services:
+                    await run_steps(steps, services.core, clock, embedder, emit)
             finally:
                 await pool.close()
         finally:

@@ -1,4 +1,4 @@
-"""A small PNG chart of days unused across a memory list (issue 4 item 4: the memory viewer).
+"""A small PNG chart of days unused across a memory list.
 
 One bar per days-unused bucket: each day on its own while a memory is on the desk, then wider
 buckets in the drawer, with a line where memories move to the drawer (DORMANT_AFTER_DAYS). An

@@ -27,16 +27,16 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from bot.memory import store
-from bot.memory.documents import embedding_batch
+from bot.documents.service import DocumentLibrary, embedding_batch
+from bot.history.service import HistoryIndex
+from bot.item_vectors import ItemVectors
 from bot.memory.embeddings import EmbeddingError
-from bot.memory.history import HistoryIndex
 from bot.memory.recall import MemoryCore
 
 log = logging.getLogger(__name__)
 
 KINDS = ("memories", "chunks", "passages")
-ITEM_KIND = {"chunks": "chunk", "passages": "passage"}
+
 
 
 @dataclass
@@ -78,9 +78,11 @@ ProgressCallback = Callable[[RebuildProgress], Awaitable[None] | None]
 
 
 class Upkeep:
-    def __init__(self, core: MemoryCore, history: HistoryIndex | None = None) -> None:
+    def __init__(self, core: MemoryCore, history: HistoryIndex | None = None, documents: DocumentLibrary | None = None) -> None:
         self.core = core
         self.history = history or HistoryIndex(core)
+        self.documents = documents or DocumentLibrary(core)
+        self.items: dict[str, ItemVectors] = {"chunks": self.history.vectors, "passages": self.documents.vectors}
         self.last_error: str | None = None  # the last embedding failure of a pass, until a pass completes
         self._lock = asyncio.Lock()
 
@@ -93,12 +95,10 @@ class Upkeep:
         space = await self.core.space_id()
         if space is None:
             return dict.fromkeys(KINDS, 0)
-        async with self.core.pool.acquire() as conn:
-            return {
-                "memories": await store.count_waiting_for_vector(conn, space),
-                "chunks": await store.count_items_waiting(conn, "chunk", space),
-                "passages": await store.count_items_waiting(conn, "passage", space),
-            }
+        return {
+            "memories": await self.core.waiting_for_vector(space),
+            **{kind: await vectors.waiting(space) for kind, vectors in self.items.items()},
+        }
 
     async def rebuild(self, progress: ProgressCallback | None = None) -> RebuildProgress:
         """One pass (see the module docstring). Stops at the first embedding failure; the next pass resumes."""
@@ -128,10 +128,9 @@ class Upkeep:
             log.warning("Embedding paused (%s); the next pass resumes: %s", state.summary(), exc)
         else:
             self.last_error = None
-        async with self.core.pool.acquire() as conn:
-            state.stale_removed = await store.delete_stale_vectors(conn, space)
-            for kind in ("chunk", "passage"):
-                state.stale_removed += await store.delete_stale_item_vectors(conn, kind, space)
+        state.stale_removed = await self.core.drop_stale_vectors(space)
+        for vectors in self.items.values():
+            state.stale_removed += await vectors.drop_stale(space)
         state.finished = True
         if state.done or state.stale_removed:
             log.info("Vectors in %s: %s; %d vectors of other models removed", state.space, state.summary(), state.stale_removed)
@@ -148,22 +147,18 @@ class Upkeep:
         await self.core.embed_waiting_memories(space, after_batch)
 
     async def _embed_items(self, kind: str, space: int, state: RebuildProgress, progress: ProgressCallback | None) -> None:
-        item_kind = ITEM_KIND[kind]
+        items = self.items[kind]
         skipped: set[int] = set()
         size = embedding_batch(self.core.settings)
         while True:
-            async with self.core.pool.acquire() as conn:
-                batch = await store.items_waiting_for_vector(conn, item_kind, space, size + len(skipped))
+            batch = await items.next_batch(space, size + len(skipped))
             batch = [(item_id, text) for item_id, text in batch if item_id not in skipped][:size]
             if not batch:
                 return
             vectors = await self.core.embedder.embed([text for _, text in batch])
-            async with self.core.pool.acquire() as conn:
-                for (item_id, _), vector in zip(batch, vectors, strict=True):
-                    if await store.store_item_vector(conn, item_kind, item_id, space, vector):
-                        state.counts[kind].done += 1
-                    else:
-                        skipped.add(item_id)
+            gone = await items.store(space, [(item_id, vector) for (item_id, _), vector in zip(batch, vectors, strict=True)])
+            skipped.update(gone)
+            state.counts[kind].done += len(batch) - len(gone)
             await _call(progress, state)
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -1,4 +1,4 @@
-"""Chat-history recall (SPEC §8, issue 4 item 1): older channel messages in chunks, found by meaning.
+"""Chat-history recall: older channel messages in chunks, found by meaning.
 
 Every message of a channel is stored as it arrives (the reply pipeline's `chat_messages`). Once a
 message has left the context window (the last CONTEXT_MESSAGES of its channel) the background task
@@ -18,7 +18,7 @@ Rules (the tests hold them):
   their own permissions). A thread is its own channel.
 
 Chunks never change: editing a message deletes the chunk it was in, and the background task
-builds a new one from the messages as they are now (`store.edit_chat_message_rechunk`).
+builds a new one from the messages as they are now (migrations/008_chunks_follow_messages.sql).
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ from typing import Any
 import numpy as np
 
 from bot.config import Settings
-from bot.memory import store
+from bot.db import Connection
+from bot.history import store
+from bot.item_vectors import ItemVectors
 from bot.memory.recall import MemoryCore, split_at_threshold
-from bot.prompt import count_tokens  # the prompt's tokenizer: "400 tokens" means the same everywhere
+from bot.tokens import count_tokens
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +146,9 @@ class HistoryIndex:
     """Chunking (background) and per-reply search of older channel messages."""
 
     def __init__(self, core: MemoryCore) -> None:
-        self.core = core
+        self.core = core  # embedding spaces, the embedder and the clock
+        self.pool = core.pool
+        self.vectors = ItemVectors(core.pool, "chunk")
 
     @property
     def settings(self) -> Settings:
@@ -161,11 +165,11 @@ class HistoryIndex:
         """
         context = self.settings.context_messages
         made = 0
-        async with self.core.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             channels = await store.channels_with_pending_history(conn, context, CHANNELS_PER_ROUND)
         for channel_id in channels:
             while True:
-                async with self.core.pool.acquire() as conn, conn.transaction():
+                async with self.pool.acquire() as conn, conn.transaction():
                     rows = [ChatRow.from_row(row) for row in await store.lock_history_rows(conn, channel_id, context, SCAN_ROWS)]
                     planned = plan_chunks(rows)
                     for chunk in planned:
@@ -190,15 +194,15 @@ class HistoryIndex:
 
     async def recall_enabled(self, channel_id: int, parent_channel_id: int | None = None) -> bool:
         channels = [channel_id] + ([parent_channel_id] if parent_channel_id and parent_channel_id != channel_id else [])
-        async with self.core.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             return await store.history_recall_enabled(conn, channels)
 
     async def set_recall(self, channel_id: int, guild_id: int | None, enabled: bool) -> None:
-        async with self.core.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             await store.set_history_recall(conn, channel_id, guild_id, enabled)
 
     async def recall_off_channels(self, guild_id: int) -> list[int]:
-        async with self.core.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             return await store.history_recall_off_channels(conn, guild_id)
 
     async def search(
@@ -215,7 +219,7 @@ class HistoryIndex:
             return HistorySearch(enabled=False, hits=[], searched=0, best_below=None)
         if space is None:
             return HistorySearch(enabled=True, hits=[], searched=0, best_below=None)
-        async with self.core.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             rows = await store.search_history(
                 conn,
                 channel_id=channel_id,
@@ -244,6 +248,16 @@ class HistoryIndex:
     async def overview(self, channel_id: int) -> dict[str, int]:
         """Chunks of a channel, how many are embedded in the current space, messages in no chunk yet."""
         space = await self.core.space_id()
-        async with self.core.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             row = await store.history_overview(conn, channel_id, space)
         return dict(row)
+
+    # --- forgetting (parts of one transaction the caller owns) ---
+
+    async def forget_channel(self, conn: Connection, channel_id: int) -> int:
+        """A deleted channel or thread: its chunks and its history-recall switch."""
+        return await store.delete_channel_history(conn, channel_id)
+
+    async def forget_guild(self, conn: Connection, guild_id: int) -> dict[str, int]:
+        """The bot left a server: its chunks and switches (called before its messages go, to count the chunks)."""
+        return await store.forget_guild_history(conn, guild_id)

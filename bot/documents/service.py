@@ -1,4 +1,4 @@
-"""Documents (issue 4 item 2): a server's `.txt` / `.md` files, split into passages, found by meaning.
+"""Documents: a server's `.txt` / `.md` files, split into passages, found by meaning.
 
 An admin uploads a file (`/documents add`); it is split into passages of about PASSAGE_TOKENS
 tokens along its paragraphs and Markdown headings (the heading path becomes the passage's
@@ -22,10 +22,13 @@ from datetime import UTC, datetime
 import numpy as np
 
 from bot.config import Settings
-from bot.memory import store
+from bot.db import Connection
+from bot.documents import store
+from bot.errors import InvalidInput
+from bot.item_vectors import ItemVectors
 from bot.memory.embeddings import EmbeddingError
 from bot.memory.recall import MemoryCore, split_at_threshold
-from bot.prompt import count_tokens, encoding
+from bot.tokens import count_tokens, encoding
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +41,6 @@ HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+")
 
 
-class DocumentError(ValueError):
-    """The file cannot be added; the message says why in one sentence."""
 
 
 def embedding_batch(settings: Settings) -> int:
@@ -50,9 +51,9 @@ def embedding_batch(settings: Settings) -> int:
 def clean_name(filename: str) -> str:
     name = " ".join(filename.replace("/", " ").replace("\\", " ").split())
     if not name.lower().endswith(SUFFIXES):
-        raise DocumentError(f"only .txt and .md files can be added; {name or 'this file'} is neither")
+        raise InvalidInput(f"only .txt and .md files can be added; {name or 'this file'} is neither")
     if len(name) > MAX_NAME_CHARS:
-        raise DocumentError(f"the file name has {len(name)} characters; the limit is {MAX_NAME_CHARS}")
+        raise InvalidInput(f"the file name has {len(name)} characters; the limit is {MAX_NAME_CHARS}")
     return name
 
 
@@ -61,13 +62,13 @@ def decode_document(raw: bytes) -> str:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise DocumentError("the file is not UTF-8 text; save it as UTF-8 and add it again") from None
+        raise InvalidInput("the file is not UTF-8 text; save it as UTF-8 and add it again") from None
     if "\x00" in text:
-        raise DocumentError("the file looks binary, not text; add a .txt or .md file")
+        raise InvalidInput("the file looks binary, not text; add a .txt or .md file")
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) != "Cc")
     if not text.strip():
-        raise DocumentError("the file is empty")
+        raise InvalidInput("the file is empty")
     return text
 
 
@@ -184,7 +185,9 @@ class DocumentLibrary:
     """Add, list, delete and search a server's documents."""
 
     def __init__(self, core: MemoryCore) -> None:
-        self.core = core
+        self.core = core  # embedding spaces, the embedder and the clock
+        self.pool = core.pool
+        self.vectors = ItemVectors(core.pool, "passage")
 
     @property
     def settings(self) -> Settings:
@@ -195,15 +198,15 @@ class DocumentLibrary:
         name = clean_name(filename)
         limit = self.settings.document_max_bytes
         if len(raw) > limit:
-            raise DocumentError(f"the file has {len(raw):,} bytes; documents are limited to {limit:,} (DOCUMENT_MAX_BYTES)")
+            raise InvalidInput(f"the file has {len(raw):,} bytes; documents are limited to {limit:,} (DOCUMENT_MAX_BYTES)")
         passages = split_passages(decode_document(raw))
         if not passages:
-            raise DocumentError("the file has no text to search")
-        async with self.core.pool.acquire() as conn, conn.transaction():
-            await store.lock_list(conn, f"documents:{guild_id}")
+            raise InvalidInput("the file has no text to search")
+        async with self.pool.acquire() as conn, conn.transaction():
+            await store.lock_documents(conn, guild_id)
             existing = await store.documents_of_guild(conn, guild_id, None)
             if len(existing) >= MAX_DOCUMENTS_PER_SERVER and name not in {row["name"] for row in existing}:
-                raise DocumentError(f"a server can have at most {MAX_DOCUMENTS_PER_SERVER} documents; delete one first")
+                raise InvalidInput(f"a server can have at most {MAX_DOCUMENTS_PER_SERVER} documents; delete one first")
             document_id, replaced = await store.insert_document(
                 conn,
                 guild_id=guild_id,
@@ -222,7 +225,7 @@ class DocumentLibrary:
         space = await self.core.space_id()
         if space is None:
             return 0
-        async with self.core.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             items = await store.document_passages_for_embedding(conn, document_id)
         done = 0
         size = embedding_batch(self.settings)
@@ -234,14 +237,14 @@ class DocumentLibrary:
                 log.warning("Document %s: embedding paused after %d of %d passages: %s", document_id, done, len(items), exc)
                 self.core.vectors_wanted.set()
                 break
-            async with self.core.pool.acquire() as conn:
-                for (passage_id, _), vector in zip(batch, vectors, strict=True):
-                    done += await store.store_item_vector(conn, "passage", passage_id, space, vector)
+            pairs = [(passage_id, vector) for (passage_id, _), vector in zip(batch, vectors, strict=True)]
+            gone = await self.vectors.store(space, pairs)
+            done += len(batch) - len(gone)
         return done
 
     async def list(self, guild_id: int) -> list[DocumentInfo]:
         space = await self.core.space_id()
-        async with self.core.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             rows = await store.documents_of_guild(conn, guild_id, space)
         return [
             DocumentInfo(
@@ -257,10 +260,10 @@ class DocumentLibrary:
         ]
 
     async def delete(self, guild_id: int, document_id: int) -> str:
-        async with self.core.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             name = await store.delete_document(conn, guild_id, document_id)
         if name is None:
-            raise DocumentError(f"there is no document #{document_id} in this server")
+            raise InvalidInput(f"there is no document #{document_id} in this server")
         return name
 
     async def search(self, guild_id: int, query_vector: np.ndarray) -> DocumentSearch:
@@ -268,7 +271,7 @@ class DocumentLibrary:
         space = await self.core.space_id()
         if space is None:
             return DocumentSearch([], 0, None)
-        async with self.core.pool.acquire() as conn:
+        async with self.pool.acquire() as conn:
             rows = await store.search_passages(
                 conn, guild_id=guild_id, space=space, vector=query_vector, limit=self.settings.document_max_results + 1
             )
@@ -287,6 +290,11 @@ class DocumentLibrary:
         return DocumentSearch(hits, len(rows), best_below)
 
 
+    async def forget_user(self, conn: Connection, user_id: int) -> dict[str, int]:
+        """A user's part of delete-my-data: documents stay with their server, no longer naming the uploader."""
+        await store.forget_document_uploader(conn, user_id)
+        return {}
+
+
 def describe_size(size: int) -> str:
     return f"{size / 1024:.1f} KiB" if size >= 1024 else f"{size} bytes"
-

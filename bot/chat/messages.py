@@ -1,0 +1,44 @@
+"""A chat message in plain values: what adapters (the Discord cog, the console) hand the chat service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class UserRef:
+    id: int
+    name: str
+    is_bot: bool = False
+
+
+@dataclass(frozen=True)
+class IncomingMessage:
+    """A channel message in plain values.
+
+    `channel_id` keys the context window (a thread has its own); `parent_channel_id` is the channel
+    memory channel-limits refer to (a thread's parent). `mentions` are the users @mentioned in it.
+    `where` is a short human description of the place for the prompt, e.g. '#general in "Juno's den"'.
+    """
+
+    message_id: int
+    channel_id: int
+    author_id: int
+    author_name: str
+    text: str
+    created_at: datetime
+    guild_id: int | None = None
+    parent_channel_id: int | None = None
+    is_bot: bool = False
+    reply_to: int | None = None
+    mentions: tuple[UserRef, ...] = ()
+    where: str = ""
+
+    @property
+    def is_dm(self) -> bool:
+        return self.guild_id is None
+
+    @property
+    def memory_channel_id(self) -> int:
+        return self.parent_channel_id or self.channel_id

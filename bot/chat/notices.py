@@ -1,0 +1,108 @@
+"""Memory notices: what the model's tool calls did, said where the server's notice settings want it.
+
+DMs show them in the conversation, verbosely: it is the reader's own data. In a server, notices
+are seen by the whole channel (or the log channel's readers), so `verbose` shows the text of server
+memories only; personal data is only ever shown ephemerally or in DMs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from bot.memory.models import MemoryList
+from bot.outgoing import neutralize_mentions, split_message
+from bot.servers.models import GuildSettings
+
+
+class ChangeKind(StrEnum):
+    SAVED = "saved"
+    UPDATED = "updated"
+    FORGOTTEN = "forgotten"
+    MADE_ROOM = "forgotten_to_make_room"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class MemoryChange:
+    """One thing a tool call did (or was refused), for notices and receipts."""
+
+    kind: ChangeKind
+    memory_id: int | None
+    memory_list: MemoryList | None
+    text: str
+    about_user_id: int | None = None
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "kind": self.kind.value,
+            "memory_id": self.memory_id,
+            "list": self.memory_list.value if self.memory_list else None,
+            "text": self.text,
+            "about_user_id": self.about_user_id,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Notices:
+    """Memory notices after the server's settings: where they go and the lines to show.
+
+    `destination` is "channel" (post with the reply), "log" (post in `log_channel_id`) or "hidden"
+    (do not post; they are still in the receipt and the log). Text is already defused of mentions.
+    """
+
+    destination: str
+    log_channel_id: int | None
+    verbosity: str
+    lines: tuple[str, ...]
+
+    @property
+    def chunks(self) -> list[str]:
+        return split_message("\n".join(self.lines))
+
+
+def build_notices(changes: Sequence[MemoryChange], guild: GuildSettings | None, names: dict[int, str]) -> Notices | None:
+    """Memory notices. DMs show them in the conversation, verbosely: it is the reader's own data.
+
+    In a server, notices are seen by the whole channel (or the log channel's readers), so `verbose` shows the
+    text of server memories only: personal data is only ever shown ephemerally or in DMs. A personal
+    notice still says what happened and about whom; its owner can read the text with /personal memories.
+    """
+    if not changes:
+        return None
+    if guild is None:
+        destination, log_channel, verbosity = "channel", None, "verbose"
+    else:
+        destination = {"visible": "channel", "hidden": "hidden", "log": "log"}.get(guild.notices, "channel")
+        log_channel, verbosity = guild.log_channel_id, guild.notice_verbosity
+        if destination == "log" and log_channel is None:
+            destination = "hidden"
+    lines = tuple(
+        neutralize_mentions(
+            notice_line(change, verbosity if guild is None or change.memory_list == MemoryList.SERVER else "minimal", names)
+        )
+        for change in changes
+    )
+    return Notices(destination=destination, log_channel_id=log_channel, verbosity=verbosity, lines=lines)
+
+
+def notice_line(change: MemoryChange, verbosity: str, names: dict[int, str]) -> str:
+    """One notice line; `verbose` adds the memory text."""
+    which = "a server memory" if change.memory_list == MemoryList.SERVER else "a personal memory"
+    if change.memory_list == MemoryList.PERSONAL and change.about_user_id is not None:
+        which += f" about {names.get(change.about_user_id, f'user {change.about_user_id}')}"
+    ref = f" (#{change.memory_id})" if change.memory_id is not None else ""
+    detail = f": “{change.text}”" if verbosity == "verbose" and change.text else ""
+    if change.kind == ChangeKind.SAVED:
+        return f"📝 Saved {which}{ref}{detail}"
+    if change.kind == ChangeKind.UPDATED:
+        return f"✏️ Updated {which}{ref}{detail}"
+    if change.kind == ChangeKind.FORGOTTEN:
+        return f"🗑️ Forgot {which}{ref}{detail}"
+    if change.kind == ChangeKind.MADE_ROOM:
+        return f"📦 Forgot {which}{ref} to make room{detail}"
+    action = f"save {which}" if change.memory_id is None else f"change memory #{change.memory_id}"
+    return f"⚠️ Couldn't {action}{detail}. Reason: {change.reason}"

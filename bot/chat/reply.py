@@ -1,0 +1,273 @@
+"""One reply: from an answered message to reply text, notices and a receipt.
+
+Per reply it reads the context window and the server's settings, runs the memory search once (one
+embedding, shared with every tail source), builds the prompt (`bot.prompt`) within the token
+budgets, lets the chat model answer (with the memory tools, `bot.chat.tools`), and stores the
+receipt. If the chat model fails or times out the outcome is a short apology and the error is
+logged: the search already ran, and tool calls applied in earlier rounds stay applied and are
+reported; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bot.chat.log import ChatLog
+from bot.chat.messages import IncomingMessage
+from bot.chat.model import ChatModel
+from bot.chat.notices import MemoryChange, Notices, build_notices
+from bot.chat.receipts import Receipt, ReplyStatus, build_receipt, dry_run_text
+from bot.chat.sources import TailSource
+from bot.chat.tools import MemoryTools, ToolContext
+from bot.config import Settings
+from bot.memory.models import Conversation, Recall
+from bot.memory.recall import MemoryCore
+from bot.outgoing import neutralize_broadcasts, neutralize_mentions, split_message
+from bot.prompt import ChatLine, Persona, Prompt, PromptInput, PromptTooLarge, TailItem, build_prompt, recalled_item
+from bot.servers.service import Servers
+from bot.tokens import count_tokens
+
+log = logging.getLogger(__name__)
+
+APOLOGY = "Sorry, I can't answer right now: my language model did not respond. Please try again in a moment."
+EMPTY_ANSWER = "Sorry, my language model came back with an empty answer. Please try again, or put it another way."
+TOO_LARGE = "Sorry, I can't answer: my instructions alone no longer fit in my context window. An admin needs to shorten them."
+
+
+@dataclass
+class ReplyOutcome:
+    status: ReplyStatus
+    chunks: list[str]  # the reply, each at most 2,000 characters; the first answers the message
+    notices: Notices | None
+    changes: list[MemoryChange]
+    receipt: Receipt
+    prompt: Prompt | None
+    recall: Recall
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.chunks)
+
+
+class ReplyPipeline:
+    """One per process. Safe to share between channels: replies in one channel run one at a time."""
+
+    def __init__(
+        self,
+        core: MemoryCore,
+        chat_log: ChatLog,
+        model: ChatModel,
+        sources: Sequence[TailSource] = (),
+        *,
+        bot_user_id: int | None = None,
+    ) -> None:
+        self.core = core
+        self.servers: Servers = core.servers
+        self.chat_log = chat_log
+        self.model = model
+        self.tools: MemoryTools = model.tools
+        self.settings: Settings = core.settings
+        self.sources = list(sources)
+        self.bot_user_id = bot_user_id  # the adapter sets it once it knows who it is logged in as
+        self._locks: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
+
+    async def start(self) -> None:
+        """Make the default persona follow DEFAULT_PERSONA_NAME / DEFAULT_PERSONA_PROMPT."""
+        await self.servers.sync_default_persona()
+
+    async def close(self) -> None:
+        await self.model.close()
+
+    def lock_for(self, channel_id: int) -> asyncio.Lock:
+        lock = self._locks.get(channel_id)
+        if lock is None:
+            lock = asyncio.Lock()
+            self._locks[channel_id] = lock
+        return lock
+
+    async def reply(self, message: IncomingMessage) -> ReplyOutcome:
+        """Answer `message` (recording it first if the adapter has not). One reply at a time per channel."""
+        async with self.lock_for(message.channel_id):
+            return await self._reply(message)
+
+    async def _reply(self, message: IncomingMessage) -> ReplyOutcome:
+        started = time.monotonic()
+        settings = self.settings
+        persona_id = await self.servers.persona_id(message.guild_id)  # cached: the search uses the same
+        # Before the search, two reads at once, each by the owner of its tables: the chat log records the
+        # message and the names it brings (the author's, then the mentioned users', the last one winning as
+        # if written one after the other) and reads the window; the servers' settings give persona, lore and
+        # the server's settings. Nothing read here is cached between replies.
+        given_names = {message.author_id: message.author_name} | {user.id: user.name for user in message.mentions}
+        log_part, settings_part = await asyncio.gather(
+            self.chat_log.record_and_read_window(message, names=given_names, context_messages=settings.context_messages),
+            self.servers.prompt_settings(persona_id, message.guild_id),
+        )
+        context = {**log_part, **settings_part}
+        window = [self._chat_line(row) for row in context["window"]]
+        answered = ChatLine(
+            message_id=message.message_id,
+            author_id=message.author_id,
+            author_name=message.author_name,
+            text=message.text,
+            is_bot=message.is_bot,
+            reply_to=message.reply_to,
+        )
+        participants = self._participants(message, window)
+        conversation = Conversation(
+            guild_id=message.guild_id,
+            channel_id=message.memory_channel_id,
+            author_id=message.author_id,
+            text=message.text,
+            participant_ids=tuple(p for p in participants if p != message.author_id),
+            context_texts=tuple(line.text for line in window),
+        )
+        recall = await self.core.reply_search(conversation)
+
+        owners = {m.owner_id for m in recall.desk if m.owner_id} | {
+            s.memory.owner_id for s in (*recall.recalled, *recall.held_back) if s.memory.owner_id
+        }
+        persona_row, lore, guild = context["persona"], context["lore"], context["guild"]
+        previous_head: str | None = context["previous_head"]
+        names: dict[int, str] = context["names"]  # the participants' names, and maybe a few more (harmless: looked up by id)
+        if recall.persona_id != persona_id:  # cannot happen while persona ids are cached; stay correct anyway
+            again = await self.servers.prompt_settings(recall.persona_id, message.guild_id)
+            persona_row, lore = again["persona"], again["lore"]
+        missing = owners - context["names_for"]  # memories are about participants, so this is normally empty
+        if missing:
+            names = {**names, **await self.chat_log.names(missing)}
+
+        tools = self.tools.offered(guild)
+        extra_tail, tail_reports = await self._extra_tail(message, recall)
+        # DESK_REFRESH=daily keeps memories that joined the desk today in the tail, after this reply's recalls
+        tail = [recalled_item(scored, names) for scored in (*recall.recalled, *recall.held_back)] + extra_tail
+        outcome_prompt: Prompt | None = None
+        error: str | None = None
+        try:
+            outcome_prompt = build_prompt(
+                PromptInput(
+                    persona=Persona(persona_row["name"], persona_row["prompt"], persona_row["attributes"] or {}),
+                    lore=lore,
+                    desk=recall.desk,
+                    user_names=names,
+                    history=window,
+                    tail=tail,
+                    answered=answered,
+                    now=self.core.clock.now(),
+                    where=message.where,
+                    context_tokens=settings.chat_context_tokens,
+                    output_tokens=settings.chat_max_output_tokens,
+                    memory_budget=settings.memory_token_budget,
+                    tools_tokens=count_tokens(json.dumps(tools)) if tools else 0,
+                )
+            )
+        except PromptTooLarge as exc:
+            log.error("Cannot answer message %s in channel %s: %s", message.message_id, message.channel_id, exc)
+            error = str(exc)
+
+        changes: list[MemoryChange] = []
+        rounds = 0
+        if outcome_prompt is None:
+            status, chunks = ReplyStatus.PROMPT_TOO_LARGE, [TOO_LARGE]
+        elif not self.model.configured:
+            status, chunks = ReplyStatus.NO_MODEL, []
+        else:
+            context = ToolContext(
+                message=message,
+                participants=set(participants),
+                shown_ids=set(outcome_prompt.shown_memory_ids),
+                search_ok=recall.search_ok,
+                offered={tool["function"]["name"] for tool in tools},
+                lists=set(tools[0]["function"]["parameters"]["properties"]["list"]["enum"]) if tools else set(),
+                changes=changes,
+            )
+            text, rounds, error = await self.model.converse(outcome_prompt, tools, context)
+            if error is None and not text.strip():  # e.g. only tool calls, even after tool_choice "none": never silence
+                log.warning("Chat model %s answered message %s with no text", settings.chat_model, message.message_id)
+                error, chunks = "the chat model answered with no text", [EMPTY_ANSWER]
+                status = ReplyStatus.MODEL_ERROR
+            elif error is not None:
+                status, chunks = ReplyStatus.MODEL_ERROR, [APOLOGY]
+            else:
+                status, chunks = ReplyStatus.REPLIED, split_message(neutralize_broadcasts(text))
+
+        for change in changes:  # hidden notices are still traceable in the log (without the text: it may be personal)
+            log.info(
+                "Memory %s by the model in channel %s: #%s (%s) %s",
+                change.kind.value,
+                message.channel_id,
+                change.memory_id,
+                change.memory_list.value if change.memory_list else "?",
+                change.reason,
+            )
+        receipt = build_receipt(
+            message, recall, outcome_prompt, previous_head, status, rounds, changes, error, tail_reports,
+            decay_active=self.core.decay_active, min_similarity=settings.min_similarity, model=settings.chat_model or None,
+        )
+        receipt.elapsed_ms = int((time.monotonic() - started) * 1000)
+        if status == ReplyStatus.NO_MODEL:
+            chunks = split_message(neutralize_mentions(dry_run_text(recall, receipt, names)))
+        if outcome_prompt is not None:
+            await self.chat_log.save_receipt(
+                guild_id=message.guild_id,
+                channel_id=message.channel_id,
+                message_id=message.message_id,
+                head_hash=outcome_prompt.head_hash,
+                receipt=receipt.as_dict(),
+                at=self.core.clock.now(),
+            )
+        return ReplyOutcome(
+            status=status,
+            chunks=chunks,
+            notices=build_notices(changes, guild, names),
+            changes=changes,
+            receipt=receipt,
+            prompt=outcome_prompt,
+            recall=recall,
+            error=error,
+        )
+
+    async def _extra_tail(self, message: IncomingMessage, recall: Recall) -> tuple[list[TailItem], dict[str, dict[str, Any]]]:
+        """Items from the registered tail sources, and what each `TailReport` tells the receipt.
+
+        A failing source is logged and skipped (the receipt says so), never the reply.
+        """
+        items: list[TailItem] = []
+        reports: dict[str, dict[str, Any]] = {}
+        for source in self.sources:
+            names = {"title": source.title, "heading": source.heading, "part": source.part}
+            try:
+                found = await source.find(message, recall)
+            except Exception as exc:
+                log.exception("Tail source %r failed for message %s", source.name, message.message_id)
+                reports[source.name] = {**names, "note": f"failed: {type(exc).__name__}", "added": 0}
+                continue
+            items.extend(found.items)
+            reports[source.name] = {**names, "note": found.note, "added": len(found.items), **found.detail}
+        return items, reports
+
+    def _chat_line(self, row: Any) -> ChatLine:
+        return ChatLine(
+            message_id=row["message_id"],
+            author_id=row["author_id"],
+            author_name=row["author_name"],
+            text=row["text"],
+            is_bot=row["is_bot"],
+            from_self=self.bot_user_id is not None and row["author_id"] == self.bot_user_id,
+            reply_to=row["reply_to"],
+        )
+
+    def _participants(self, message: IncomingMessage, window: Sequence[ChatLine]) -> list[int]:
+        """The author, the other non-bot authors of the window, and the users mentioned (bots excluded)."""
+        found = [message.author_id]
+        found += [line.author_id for line in window if not line.is_bot and not line.from_self]
+        found += [user.id for user in message.mentions if not user.is_bot]
+        return [p for p in dict.fromkeys(found) if p != self.bot_user_id]

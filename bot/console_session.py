@@ -1,0 +1,326 @@
+"""The console chat's session and its server commands: settings, privacy, persona and lore, documents,
+chat history, the memory viewer and rebuilds. `bot.console` adds the conversation and the memory commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TextIO
+
+from bot.chat.receipts import Receipt
+from bot.documents.service import describe_size
+from bot.errors import InvalidInput, Refusal
+from bot.memory.clock import ManualClock
+from bot.memory.lists import ListRef
+from bot.memory.manage import MemoryManager
+from bot.memory.recall import MemoryCore
+from bot.servers.models import Privacy
+from bot.servers.service import Servers
+from bot.services import Services
+from bot.tools.chart import buckets, days_unused_chart
+
+log = logging.getLogger(__name__)
+
+LOCAL_GUILD_ID = 1
+BOT_USER_ID = 2
+MENTION = re.compile(r"@([\w-]+)")
+SETTING_COLUMNS = {
+    "notices": ("notices", ("visible", "hidden", "log")),
+    "verbosity": ("notice_verbosity", ("minimal", "verbose")),
+    "self-teaching": ("self_teaching", None),
+    "member-teaching": ("member_teaching", None),
+    "personal-memories": ("personal_memories", None),
+    "tagging": ("tagging", None),
+}
+SWITCH = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False}
+
+
+def local_id(kind: str, name: str) -> int:
+    """A stable id for a console user or channel: the same name is the same person in every session."""
+    digest = hashlib.sha256(f"{kind}:{name.casefold()}".encode()).digest()
+    return 1_000 + int.from_bytes(digest[:6], "big")
+
+
+class CommandError(InvalidInput):
+    """A console command was typed wrong; the sentence says how to type it."""
+
+
+
+@dataclass
+class ConsoleSession:
+    """One console session: who you are and where you are; the commands are in `ConsoleChat`."""
+
+    services: Services
+    clock: ManualClock
+    out: TextIO
+    state_file: Path
+    day_offset: int = 0
+    user: str = "you"
+    channel: str = "general"
+    in_dm: bool = False
+    persona_name: str = "Deskmate"
+    _last_message_id: int = field(default=0, repr=False)
+
+    # --- where we are ---
+
+    @property
+    def core(self) -> MemoryCore:
+        return self.services.core
+
+    @property
+    def manager(self) -> MemoryManager:
+        return self.services.memories
+
+    @property
+    def servers(self) -> Servers:
+        return self.services.servers
+
+    @property
+    def user_id(self) -> int:
+        return local_id("user", self.user)
+
+    @property
+    def guild_id(self) -> int | None:
+        return None if self.in_dm else LOCAL_GUILD_ID
+
+    @property
+    def channel_id(self) -> int:
+        return local_id("dm", self.user) if self.in_dm else local_id("channel", self.channel)
+
+    @property
+    def where(self) -> str:
+        return "a direct message" if self.in_dm else f'#{self.channel} in "local server"'
+
+    def show(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def tick(self) -> None:
+        """The simulated clock: real time, moved forward by the /day offset."""
+        self.clock.current = datetime.now(UTC) + timedelta(days=self.day_offset)
+
+    def next_message_id(self) -> int:
+        """Increasing like Discord snowflakes (microseconds), so the context window orders correctly across sessions."""
+        self._last_message_id = max(self._last_message_id + 1, time.time_ns() // 1_000)
+        return self._last_message_id
+
+    async def refresh_persona(self) -> None:
+        self.persona_name = (await self.servers.persona(self.guild_id))["name"]
+
+    # --- one line ---
+
+    async def _server_list(self) -> ListRef:
+        if self.guild_id is None:
+            raise CommandError("server memories exist only in a server; /channel NAME goes back to one")
+        return await self.manager.server_list(self.guild_id)
+
+    async def _ref_of(self, memory_id: int) -> ListRef:
+        """The list a memory id belongs to, among the ones the current user may change here."""
+        refs = [await self.manager.personal_list(self.user_id, self.guild_id)]
+        if self.guild_id is not None:
+            refs.insert(0, await self.manager.server_list(self.guild_id))
+        for ref in refs:
+            with contextlib.suppress(Refusal):
+                await self.manager.get(ref, memory_id)
+                return ref
+        raise CommandError(f"there is no memory #{memory_id} that you can change here")
+
+    def _memory_id(self, raw: str, usage: str) -> int:
+        raw = raw.lstrip("#")
+        if not raw.isdigit():
+            raise CommandError(usage)
+        return int(raw)
+
+
+class ServerCommands(ConsoleSession):
+    """Console commands about the server and the people in it, as `/settings`, `/privacy` and friends on Discord."""
+
+    async def cmd_privacy(self, rest: str) -> None:
+        if rest.lower() not in {level.value for level in Privacy}:
+            raise CommandError("/privacy none|partial|full")
+        level = Privacy(rest.lower())
+        await self.servers.set_privacy(self.user_id, level)
+        self.show(f"privacy for {self.user}: {level.value}")
+
+    # --- server settings, persona, lore ---
+
+    async def cmd_settings(self, rest: str) -> None:
+        if self.guild_id is None:
+            raise CommandError("server settings exist only in a server")
+        if rest:
+            key, _, value = rest.partition(" ")
+            await self._change_setting(key.lower(), value.strip().lower())
+        guild = await self.servers.guild_settings(self.guild_id)
+        autos = ", ".join(f"#{name}" for name in self._channel_names(guild.auto_reply_channel_ids)) or "none"
+        on = {True: "on", False: "off"}
+        self.show(
+            f"notices: {guild.notices} ({guild.notice_verbosity}); self-teaching {on[guild.self_teaching]}; "
+            f"member teaching {on[guild.member_teaching]}; personal memories {on[guild.personal_memories]}; "
+            f"tagging {on[guild.tagging]}; auto-reply channels: {autos}"
+        )
+
+    def _channel_names(self, ids: tuple[int, ...]) -> list[str]:
+        known = {local_id("channel", self.channel): self.channel}
+        return [known.get(channel_id, str(channel_id)) for channel_id in ids]
+
+    async def _change_setting(self, key: str, value: str) -> None:
+        assert self.guild_id is not None
+        if key == "auto-reply":
+            if value not in SWITCH:
+                raise CommandError("/settings auto-reply on|off (for the current channel)")
+            current = set((await self.servers.guild_settings(self.guild_id)).auto_reply_channel_ids)
+            current = current | {self.channel_id} if SWITCH[value] else current - {self.channel_id}
+            await self.servers.update_guild_settings(self.guild_id, auto_reply_channel_ids=sorted(current))
+            return
+        if key == "log-channel":
+            if not value:
+                raise CommandError("/settings log-channel NAME")
+            await self.servers.update_guild_settings(self.guild_id, log_channel_id=local_id("channel", value.lstrip("#")))
+            return
+        if key not in SETTING_COLUMNS:
+            raise CommandError(
+                f"unknown setting {key!r}; the settings are {', '.join([*SETTING_COLUMNS, 'auto-reply', 'log-channel'])}"
+            )
+        column, choices = SETTING_COLUMNS[key]
+        if choices is None:
+            if value not in SWITCH:
+                raise CommandError(f"/settings {key} on|off")
+            await self.servers.update_guild_settings(self.guild_id, **{column: SWITCH[value]})
+        else:
+            if value not in choices:
+                raise CommandError(f"/settings {key} {'|'.join(choices)}")
+            await self.servers.update_guild_settings(self.guild_id, **{column: value})
+
+    async def cmd_block(self, rest: str, blocked: bool = True) -> None:
+        if self.guild_id is None:
+            raise CommandError("the blocklist exists only in a server")
+        name = self._name(rest, "/block NAME" if blocked else "/unblock NAME")
+        await self.servers.set_blocked(self.guild_id, local_id("user", name), blocked)
+        self.show(f"{name} is {'blocked' if blocked else 'no longer blocked'} in this server")
+
+    async def cmd_unblock(self, rest: str) -> None:
+        await self.cmd_block(rest, blocked=False)
+
+    async def cmd_persona(self, rest: str) -> None:
+        field_name, _, value = rest.partition(" ")
+        if field_name in ("name", "prompt"):
+            if self.guild_id is None:
+                raise CommandError("the DM persona follows DEFAULT_PERSONA_NAME / DEFAULT_PERSONA_PROMPT")
+            if not value.strip():
+                raise CommandError(f"/persona {field_name} TEXT")
+            await self.servers.update_persona(self.guild_id, **{field_name: value.strip()})
+            await self.refresh_persona()
+        elif rest:
+            raise CommandError("/persona [name TEXT | prompt TEXT]")
+        persona = await self.servers.persona(self.guild_id)
+        self.show(f"persona: {persona['name']}\nprompt: {persona['prompt'] or '(empty)'}")
+
+    async def cmd_lore(self, rest: str) -> None:
+        action, _, value = rest.partition(" ")
+        if action in ("add", "remove") and self.guild_id is None:
+            raise CommandError("lore entries belong to a server's persona")
+        if action == "add":
+            entry = await self.servers.add_lore(self.guild_id or 0, value, by=self.user_id)
+            self.show(f"lore #{entry['id']} added: {entry['text']}")
+        elif action == "remove":
+            lore_id = self._memory_id(value, "/lore remove ID")
+            removed = await self.servers.remove_lore(self.guild_id or 0, lore_id)
+            self.show(f"lore #{lore_id} removed" if removed else f"there is no lore #{lore_id}")
+        elif action:
+            raise CommandError("/lore [add TEXT | remove ID]")
+        else:
+            entries = await self.servers.lore(self.guild_id)
+            self.show("always-on lore: " + ("none" if not entries else ""))
+            for entry in entries:
+                self.show(f"  #{entry['id']} {entry['text']}")
+
+    async def cmd_receipt(self, rest: str) -> None:
+        receipt = await self.services.chat_log.receipt(channel_id=self.channel_id)
+        if receipt is None:
+            self.show("no reply in this channel yet")
+            return
+        self.show(Receipt.from_dict(receipt).render())
+
+    async def cmd_why(self, rest: str) -> None:
+        await self.cmd_receipt(rest)
+
+    # --- documents, chat history, the memory viewer, rebuild ---
+
+    async def cmd_documents(self, rest: str) -> None:
+        if self.guild_id is None:
+            raise CommandError("documents belong to a server; /channel NAME goes back to one")
+        action, _, value = rest.partition(" ")
+        if action == "add":
+            path = Path(value.strip())
+            try:
+                raw = await asyncio.to_thread(path.read_bytes)
+            except OSError as exc:
+                raise CommandError(f"cannot read {path}: {exc.strerror}") from None
+            added = await self.services.documents.add(self.guild_id, path.name, raw, by=self.user_id)
+            verb = "replaced" if added.replaced else "added"
+            self.show(f"{verb} document #{added.id} {added.name}: {added.passages} passages, {added.embedded} embedded")
+        elif action == "delete":
+            document_id = self._memory_id(value.strip(), "/documents delete ID")
+            self.show(f"deleted document #{document_id} {await self.services.documents.delete(self.guild_id, document_id)}")
+        elif action:
+            raise CommandError("/documents [add PATH | delete ID]")
+        else:
+            found = await self.services.documents.list(self.guild_id)
+            self.show("documents: " + ("none (add one with /documents add PATH)" if not found else ""))
+            for doc in found:
+                size = describe_size(doc.size_bytes)
+                self.show(f"  #{doc.id} {doc.name}: {size}, {doc.passages} passages, {doc.embedded} embedded")
+
+    async def cmd_history(self, rest: str) -> None:
+        if rest:
+            if rest.lower() not in SWITCH:
+                raise CommandError("/history [on|off] (for the current channel)")
+            await self.services.history.set_recall(self.channel_id, self.guild_id, SWITCH[rest.lower()])
+        enabled = await self.services.history.recall_enabled(self.channel_id)
+        overview = await self.services.history.overview(self.channel_id)
+        self.show(
+            f"history recall {'on' if enabled else 'off (messages are still stored and chunked)'} here; "
+            f"{overview['chunks']} chunks ({overview['embedded']} embedded), {overview['unchunked']} messages in no chunk yet "
+            f"(the last {self.services.settings.context_messages} are the context window and are never chunked)"
+        )
+
+    async def cmd_stats(self, rest: str) -> None:
+        if rest not in ("", "mine"):
+            raise CommandError("/stats [mine]")
+        ref = await self.manager.personal_list(self.user_id, self.guild_id) if rest else await self._server_list()
+        stats = await self.manager.stats(ref, embedding_problem=self.services.upkeep.last_error)
+        self.show(
+            f"{ref.label}: {stats.total} of {stats.limit}; desk {stats.desk}, drawer {stats.drawer}, "
+            f"waiting for vector {stats.waiting}, embedding unavailable {stats.unavailable}; "
+            f"~{stats.desk_tokens} tokens on the desk"
+        )
+        if stats.unavailable_reason:
+            self.show(f"  no vector can be made now: {stats.unavailable_reason}")
+        for bucket in buckets(stats.days, stats.dormant_after, stats.decay):
+            where = "drawer" if bucket.drawer else "desk"
+            self.show(f"  {bucket.label:>7} days unused | {'#' * bucket.count} {bucket.count} ({where})")
+        if stats.total:
+            chart = self.state_file.parent / "days-unused.png"
+            chart.parent.mkdir(parents=True, exist_ok=True)
+            chart.write_bytes(days_unused_chart(stats.days, stats.dormant_after, decay=stats.decay, title=ref.label))
+            self.show(f"  chart: {chart}")
+
+    async def cmd_rebuild(self, rest: str) -> None:
+        state = await self.services.upkeep.rebuild()
+        verdict = f"paused: {state.paused}" if state.paused else "done"
+        self.show(
+            f"rebuild {verdict}: {state.summary()}; {state.chunks_made} new chunks; {state.stale_removed} old vectors removed"
+        )
+
+    def _name(self, raw: str, usage: str) -> str:
+        name = raw.strip().lstrip("@")
+        if not name or " " in name:
+            raise CommandError(f"{usage} (one word)")
+        return name

@@ -1,0 +1,147 @@
+"""Changes to many memories, or to what scope a memory has: imports, scope moves, tags, and a user's
+part of delete-my-data.
+
+Like every change to memories, each is one transaction under the list's lock (the lock `save`
+takes, so imports and saves never interleave) and lets the desk cache go of what it deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC
+from typing import Any
+
+from bot.db import Connection
+from bot.errors import NotAllowed, NotFound
+from bot.memory import store
+from bot.memory.base import MemoryBase, log
+from bot.memory.embeddings import EmbeddingError
+from bot.memory.lists import ImportEntry, ListRef
+from bot.memory.models import Memory, MemoryList
+
+
+class BulkWrites(MemoryBase):
+    async def set_tags(self, memory_id: int, tags: Sequence[str]) -> Memory:
+        async with self.pool.acquire() as conn, conn.transaction():
+            await store.set_memory_tags(conn, memory_id, tags, self.clock.now())
+            memory = await store.get_memory(conn, memory_id)
+        if memory is None:
+            raise NotFound(f"memory #{memory_id} was deleted meanwhile")
+        return memory
+
+    async def move_scope(self, ref: ListRef, memory_id: int, *, to_global: bool) -> Memory:
+        """Make a personal memory Global or tie it to `ref`'s persona; refused if a personal list would overfill."""
+        assert ref.owner_id is not None
+        async with self.pool.acquire() as conn, conn.transaction():
+            await store.lock_list(conn, ref.lock_key)
+            moved = await store.set_personal_scope(conn, memory_id, None if to_global else ref.persona_id, self.clock.now())
+            sizes = await store.personal_sizes_all(conn, ref.owner_id, [ref.persona_id])
+            limit = self.settings.personal_memory_limit
+            if any(size > limit for size in sizes.values()):
+                raise NotAllowed(
+                    f"making it Global would put more than {limit} memories in one of your personal lists "
+                    "(Global memories count in every server); delete some first"
+                )
+        return moved
+
+    async def _embed_all(self, texts: Sequence[str]) -> list[Any]:
+        """Vectors for what can be embedded now; the rest wait for the background re-embedder."""
+        vectors: list[Any] = [None] * len(texts)
+        if self.embedder.space is None:
+            return vectors
+        size = self.settings.embedding_batch_size
+        for start in range(0, len(texts), size):
+            try:
+                batch = await self.embedder.embed(list(texts[start : start + size]))
+            except EmbeddingError as exc:
+                log.warning("Import: embedding paused after %d of %d memories: %s", start, len(texts), exc)
+                break
+            vectors[start : start + len(batch)] = list(batch)
+        return vectors
+
+    async def import_entries(
+        self, ref: ListRef, plan_entries: Sequence[ImportEntry], *, replace: bool, by: int, limit: int
+    ) -> tuple[list[int], int, int, int]:
+        """Merge or replace in ONE transaction: (new ids, removed, skipped as already there, embedded).
+
+        What can be embedded now is; the rest waits for the background re-embedder.
+        Merge skips texts the list already has; replace first deletes the list (for personal lists:
+        the Global memories and those tied to this persona). A result over `limit` is refused, never trimmed.
+        """
+        target = ref.widened() if ref.list == MemoryList.PERSONAL else ref
+        vectors = await self._embed_all([entry.text for entry in plan_entries])
+        entries = list(zip(plan_entries, vectors, strict=True))
+        space = await self.space_id()
+        now = self.clock.now().astimezone(UTC)
+        removed_ids: list[int] = []
+        async with self.pool.acquire() as conn, conn.transaction():
+            await store.lock_list(conn, ref.lock_key)
+            where, args = target.filter()
+            chosen = list(entries)
+            skipped = 0
+            if replace:
+                removed_ids = await store.delete_list(conn, where, args)
+            else:
+                existing = {(m.is_global, m.text.casefold()) for m in await store.list_memories(conn, where, args)}
+                kept = [(entry, vector) for entry, vector in chosen if (entry.is_global, entry.text.casefold()) not in existing]
+                skipped = len(chosen) - len(kept)
+                chosen = kept
+            ids = await store.insert_imported(
+                conn,
+                [
+                    {
+                        "text": entry.text,
+                        "tags": entry.tags,
+                        "channel_ids": entry.channel_ids,
+                        "persona_id": None if entry.is_global else ref.persona_id,
+                    }
+                    for entry, _ in chosen
+                ],
+                memory_list=ref.list,
+                guild_id=ref.guild_id if ref.list == MemoryList.SERVER else None,
+                owner_id=ref.owner_id if ref.list == MemoryList.PERSONAL else None,
+                created_by=by,
+                now=now,
+                today=now.date(),
+            )
+            await self._refuse_over_limit(conn, ref, where, args, limit)
+            embedded = 0
+            if space is not None:
+                for memory_id, (entry, vector) in zip(ids, chosen, strict=True):
+                    if vector is not None and await store.store_vector(conn, memory_id, space, vector, entry.text):
+                        embedded += 1
+        self.desk_cache.discard(removed_ids)
+        if space is not None and embedded < len(ids):
+            self.vectors_wanted.set()
+        return ids, len(removed_ids), skipped, embedded
+
+    async def _refuse_over_limit(self, conn: Connection, ref: ListRef, where: str, args: list[Any], limit: int) -> None:
+        if ref.list == MemoryList.SERVER:
+            size = await store.count_list(conn, where, args)
+            if size > limit:
+                raise NotAllowed(
+                    f"this import would leave {size} server memories; the limit is {limit}. "
+                    "Delete some first, import fewer, or use mode replace"
+                )
+            return
+        assert ref.owner_id is not None
+        sizes = await store.personal_sizes_all(conn, ref.owner_id, [ref.persona_id])
+        worst = max(sizes.values(), default=0)
+        if worst > limit:
+            raise NotAllowed(
+                f"this import would leave {worst} memories in one of your personal lists "
+                f"(Global memories count in every server); the limit is {limit}"
+            )
+
+    async def export_user(self, conn: Connection, user_id: int) -> dict[str, Any]:
+        """A user's memories for export-my-data (inside the caller's snapshot): rows, for the command layer to shape."""
+        return {
+            "personal": await store.user_personal_memories(conn, user_id),
+            "authored": await store.user_authored_server_memories(conn, user_id),
+        }
+
+    async def forget_user(self, conn: Connection, user_id: int) -> dict[str, int]:
+        """A user's part of delete-my-data among memories (inside the caller's transaction)."""
+        counts = await store.forget_user_memories(conn, user_id)
+        self.desk_cache.discard_owner(user_id)
+        return counts

@@ -1,0 +1,303 @@
+"""Every change to memories: saves (forgetting to make room), edits, deletes, tags, scope moves, imports,
+delete-my-data, and vectors for a new embedding space.
+
+Each change is one transaction and keeps the desk cache right itself, so no caller has to. The
+rules are in docs/memory-rules.md ("Saving and forgetting", "Protection").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from bot.db import Connection
+from bot.errors import InvalidInput
+from bot.memory import store
+from bot.memory.base import MemoryBase, NewMemory, _rejected
+from bot.memory.embeddings import EmbeddingError
+from bot.memory.models import Memory, MemoryList, Rejection, SaveResult, Source
+from bot.memory.visibility import clean_text, normalize_tags
+from bot.servers.models import Privacy
+
+log = logging.getLogger(__name__)
+
+
+class MemoryWrites(MemoryBase):
+    async def _save_refusal(self, conn: Connection, request: NewMemory) -> SaveResult | None:
+        """Who may save what, or None when the save may go ahead."""
+        guild = await self.servers.guild_settings(request.guild_id, conn) if request.guild_id is not None else None
+        if request.list == MemoryList.SERVER:
+            if guild is None:
+                return _rejected(Rejection.NOT_ALLOWED, "server memories can only be saved in a server")
+            if request.via == Source.BOT:
+                if not guild.self_teaching:
+                    return _rejected(Rejection.NOT_ALLOWED, "self-teaching is switched off in this server")
+                if await self.servers.is_blocked(guild.guild_id, request.by, conn):
+                    return _rejected(Rejection.NOT_ALLOWED, "this user is blocked in this server")
+            elif not (request.by_can_manage or (request.via == Source.COMMAND and guild.member_teaching)):
+                return _rejected(Rejection.NOT_ALLOWED, "only members with Manage Server can add server memories here")
+            return None
+        if request.owner_id is None:
+            return _rejected(Rejection.NOT_ALLOWED, "a personal memory needs the user it is about")
+        if request.via != Source.BOT:
+            if request.by != request.owner_id:
+                return _rejected(Rejection.NOT_ALLOWED, "only its owner can save a personal memory")
+            return None
+        if await self.servers.privacy(request.owner_id, conn) != Privacy.NONE:
+            return _rejected(Rejection.PRIVACY, "this user's privacy setting does not let the bot save memories about them")
+        if guild is not None:
+            if not guild.self_teaching:
+                return _rejected(Rejection.NOT_ALLOWED, "self-teaching is switched off in this server")
+            if not guild.personal_memories:
+                return _rejected(Rejection.NOT_ALLOWED, "personal memories are switched off in this server")
+            if await self.servers.is_blocked(guild.guild_id, request.owner_id, conn):
+                return _rejected(Rejection.NOT_ALLOWED, "this user is blocked in this server")
+        return None
+
+    async def save(self, request: NewMemory, *, search_available: bool = True) -> SaveResult:
+        """Save one memory; in a full list forget one dormant unprotected memory, or refuse.
+
+        `search_available` is False when the reply this save belongs to could not search; a full
+        list then refuses rather than forget something that could not have come back.
+        """
+        try:
+            text = clean_text(request.text, self.settings.memory_max_chars)
+            tags = normalize_tags(request.tags)
+        except InvalidInput as exc:
+            return _rejected(Rejection.INVALID_TEXT, str(exc))
+        if request.list == MemoryList.SERVER and request.is_global:
+            return _rejected(Rejection.NOT_ALLOWED, "only personal memories can be Global")
+        async with self.pool.acquire() as conn:
+            refusal = await self._save_refusal(conn, request)
+        if refusal is not None:
+            return refusal
+
+        persona = await self.persona_id(request.guild_id)
+        vector, _ = await self._embed_one(text)
+        space = await self.space_id()
+        now, today = self._now()
+        dormant_after = self.settings.dormant_after_days
+        async with self.pool.acquire() as conn, conn.transaction():
+            if request.list == MemoryList.SERVER:
+                assert request.guild_id is not None
+                await store.lock_list(conn, f"server:{request.guild_id}")
+                full = await store.count_server_list(conn, request.guild_id, persona) >= self.settings.server_memory_limit
+                lists_to_free = [persona] if full else []
+            else:
+                assert request.owner_id is not None
+                await store.lock_list(conn, f"personal:{request.owner_id}")
+                personas = {persona}
+                if request.is_global:  # a Global memory counts in every persona's personal list
+                    personas.update(await store.personas_with_personal_memories(conn, request.owner_id))
+                sizes = await store.personal_list_sizes(conn, request.owner_id, personas)
+                lists_to_free = sorted(p for p, size in sizes.items() if size >= self.settings.personal_memory_limit)
+
+            forgotten: list[Memory] = []
+            if lists_to_free:
+                if not self.decay_active:
+                    return _rejected(Rejection.LIST_FULL, "the list is full and memory decay is off, so nothing can be forgotten")
+                if vector is None or not search_available:
+                    return _rejected(
+                        Rejection.SEARCH_UNAVAILABLE, "the list is full and the embedding model is unavailable right now"
+                    )
+                for list_persona in lists_to_free:
+                    exclude = [m.id for m in forgotten]
+                    if request.list == MemoryList.SERVER:
+                        assert request.guild_id is not None
+                        candidate = await store.forgettable_server_memory(
+                            conn, request.guild_id, list_persona, dormant_after, exclude
+                        )
+                    else:
+                        assert request.owner_id is not None
+                        candidate = await store.forgettable_personal_memory(
+                            conn, request.owner_id, list_persona, dormant_after, exclude
+                        )
+                    if candidate is None:
+                        return _rejected(
+                            Rejection.LIST_FULL, "the list is full and every memory in it is in use or protected"
+                        )
+                    forgotten.append(candidate)
+                await store.delete_memories(conn, [m.id for m in forgotten])
+                self.desk_cache.discard(m.id for m in forgotten)
+
+            saved = await store.insert_memory(
+                conn,
+                memory_list=request.list,
+                guild_id=request.guild_id if request.list == MemoryList.SERVER else None,
+                owner_id=request.owner_id if request.list == MemoryList.PERSONAL else None,
+                persona_id=None if request.is_global else persona,
+                text=text,
+                tags=tags,
+                channel_ids=request.channel_ids,
+                source=request.via,
+                protected=request.via == Source.COMMAND or request.is_global,
+                created_by=request.by,
+                now=now,
+                today=today,
+            )
+            if vector is not None and space is not None:
+                await store.store_vector(conn, saved.id, space, vector, text)  # type: ignore[arg-type]
+        if vector is None and space is not None:
+            self.vectors_wanted.set()
+        return SaveResult(saved=saved, forgotten=forgotten, rejected=None, detail="saved")
+
+    # --- edits and deletes ---------------------------------------------------------------------
+
+    async def _change_refusal(
+        self, conn: Connection, memory: Memory, by: int, via: Source, by_can_manage: bool, *, deleting: bool
+    ) -> SaveResult | None:
+        if memory.list == MemoryList.PERSONAL:
+            assert memory.owner_id is not None
+            if via == Source.BOT:
+                if not deleting and await self.servers.privacy(memory.owner_id, conn) != Privacy.NONE:
+                    return _rejected(
+                        Rejection.PRIVACY, "this user's privacy setting does not let the bot change memories about them"
+                    )
+                return None
+            if by != memory.owner_id:
+                return _rejected(Rejection.NOT_ALLOWED, "only its owner can change a personal memory")
+            return None
+        assert memory.guild_id is not None
+        guild = await self.servers.guild_settings(memory.guild_id, conn)
+        if via == Source.BOT:
+            if not guild.self_teaching:
+                return _rejected(Rejection.NOT_ALLOWED, "self-teaching is switched off in this server")
+            return None
+        if by_can_manage or (guild.member_teaching and memory.created_by == by):
+            return None
+        return _rejected(Rejection.NOT_ALLOWED, "only members with Manage Server can change this server memory")
+
+    async def edit(
+        self,
+        memory_id: int,
+        text: str,
+        *,
+        by: int,
+        via: Source = Source.COMMAND,
+        by_can_manage: bool = False,
+        tags: Sequence[str] | None = None,
+    ) -> SaveResult:
+        """Change a memory's text (and its tags, when given) in one transaction. A command edit protects it;
+        the counter restarts at 0 either way."""
+        try:
+            cleaned = clean_text(text, self.settings.memory_max_chars)
+        except InvalidInput as exc:
+            return _rejected(Rejection.INVALID_TEXT, str(exc))
+        async with self.pool.acquire() as conn:
+            memory = await store.get_memory(conn, memory_id)
+            if memory is None:
+                return _rejected(Rejection.NOT_ALLOWED, f"there is no memory #{memory_id}")
+            refusal = await self._change_refusal(conn, memory, by, via, by_can_manage, deleting=False)
+        if refusal is not None:
+            return refusal
+        vector, _ = await self._embed_one(cleaned)
+        space = await self.space_id()
+        now, today = self._now()
+        async with self.pool.acquire() as conn, conn.transaction():
+            current = await store.get_memory(conn, memory_id, for_update=True)
+            if current is None:
+                return _rejected(Rejection.NOT_ALLOWED, f"memory #{memory_id} was deleted meanwhile")
+            by_command = via == Source.COMMAND
+            updated = await store.update_memory_text(
+                conn,
+                memory_id,
+                text=cleaned,
+                source=Source.COMMAND if by_command else current.source,
+                protected=current.protected or by_command,
+                now=now,
+                today=today,
+            )
+            if tags is not None and tuple(tags) != updated.tags:
+                await store.set_memory_tags(conn, memory_id, tags, now)
+                updated = await store.get_memory(conn, memory_id) or updated
+            if vector is not None and space is not None:
+                await store.store_vector(conn, memory_id, space, vector, cleaned)  # type: ignore[arg-type]
+        if vector is None and space is not None:
+            self.vectors_wanted.set()
+        return SaveResult(saved=updated, forgotten=[], rejected=None, detail="edited")
+
+    async def delete(
+        self, memory_id: int, *, by: int, via: Source = Source.COMMAND, by_can_manage: bool = False
+    ) -> SaveResult:
+        """Delete a memory (deleting is allowed to the model even under `partial` privacy)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            memory = await store.get_memory(conn, memory_id, for_update=True)
+            if memory is None:
+                return _rejected(Rejection.NOT_ALLOWED, f"there is no memory #{memory_id}")
+            refusal = await self._change_refusal(conn, memory, by, via, by_can_manage, deleting=True)
+            if refusal is not None:
+                return refusal
+            await store.delete_memories(conn, [memory_id])
+        self.desk_cache.discard([memory_id])
+        return SaveResult(saved=None, forgotten=[memory], rejected=None, detail="deleted")
+
+    # --- vectors for a new embedding space -----------------------------------------------------
+
+    async def embed_waiting_memories(self, space: int, after_batch: Callable[[int], Awaitable[None]] | None = None) -> None:
+        """Embed, in batches, every memory without a vector in `space`; raises EmbeddingError.
+
+        The one loop behind the background rebuild (which reports why it paused) and
+        `reembed_missing`. `after_batch` gets how many memories of the batch got their vector; a
+        memory edited or deleted meanwhile is skipped and picked up (or gone) on the next pass.
+        """
+        skipped: set[int] = set()
+        size = self.settings.embedding_batch_size
+        while True:
+            async with self.pool.acquire() as conn:
+                batch = await store.memories_waiting_for_vector(conn, space, size + len(skipped))
+            batch = [(memory_id, text) for memory_id, text in batch if memory_id not in skipped][:size]
+            if not batch:
+                return
+            vectors = await self.embedder.embed([text for _, text in batch])
+            stored = 0
+            async with self.pool.acquire() as conn, conn.transaction():
+                for (memory_id, text), vector in zip(batch, vectors, strict=True):
+                    if await store.store_vector(conn, memory_id, space, vector, text):
+                        stored += 1
+                    else:
+                        skipped.add(memory_id)
+            if after_batch is not None:
+                await after_batch(stored)
+
+    async def reembed_missing(self) -> int:
+        """Give every memory a vector in the current space, stopping quietly if the provider fails.
+
+        Returns how many memories got a vector; once none is left waiting, vectors of other spaces
+        go (they are never searched).
+        """
+        space = await self.space_id()
+        if space is None:
+            return 0
+        done = 0
+
+        async def count(stored: int) -> None:
+            nonlocal done
+            done += stored
+
+        try:
+            await self.embed_waiting_memories(space, count)
+        except EmbeddingError as exc:
+            log.warning("Re-embedding paused after %d memories: %s", done, exc)
+        if done:
+            async with self.pool.acquire() as conn:
+                if await store.count_waiting_for_vector(conn, space) == 0:
+                    await store.delete_stale_vectors(conn, space)
+        return done
+
+
+    async def waiting_for_vector(self, space: int) -> int:
+        async with self.pool.acquire() as conn:
+            return await store.count_waiting_for_vector(conn, space)
+
+    async def drop_stale_vectors(self, keep_space: int) -> int:
+        async with self.pool.acquire() as conn:
+            return await store.delete_stale_vectors(conn, keep_space)
+
+    async def integrity_problems(self) -> dict[str, list[str]]:
+        """Every inconsistency the rules forbid, by kind (`python -m bot check`); empty lists mean the data is sound."""
+        async with self.pool.acquire() as conn:
+            return await store.integrity_problems(conn, self.settings.server_memory_limit, self.settings.personal_memory_limit)
+
+    async def count_memories(self) -> int:
+        async with self.pool.acquire() as conn:
+            return await conn.fetchval("SELECT count(*) FROM memories")

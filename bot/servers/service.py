@@ -1,0 +1,165 @@
+"""The owner of servers' and people's settings: personas, always-on lore, server settings, blocklists and
+privacy levels.
+
+These are the stored inputs of the hiding rules (docs/memory-rules.md, "What hides a memory") and
+of the prompt's stable head. The memory search reads them inside its one statement; every change
+goes through here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from bot.config import Settings
+from bot.db import Connection
+from bot.errors import InvalidInput, NotAllowed, NotFound
+from bot.servers import store
+from bot.servers.models import GuildSettings, Privacy
+
+LORE_MAX_CHARS = 4000
+MAX_ATTRIBUTES = 25
+
+
+class Servers:
+    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+        self.pool = pool
+        self.settings = settings
+        self._personas: dict[int | None, int] = {}
+
+    @contextlib.asynccontextmanager
+    async def _using(self, conn: Connection | None) -> AsyncIterator[Connection]:
+        """The caller's connection (a read inside its transaction, e.g. a rule checked under a row lock), or one of ours."""
+        if conn is not None:
+            yield conn
+            return
+        async with self.pool.acquire() as own:
+            yield own
+
+    async def sync_default_persona(self) -> None:
+        """Make the default persona follow DEFAULT_PERSONA_NAME / DEFAULT_PERSONA_PROMPT."""
+        async with self.pool.acquire() as conn:
+            await store.sync_default_persona(conn, self.settings.default_persona_name, self.settings.default_persona_prompt)
+
+    # --- personas and lore ---
+
+    async def persona_id(self, guild_id: int | None) -> int:
+        """The persona of a server (created from the default on first use), cached: it never changes."""
+        persona = self._personas.get(guild_id)
+        if persona is None:
+            async with self.pool.acquire() as conn:
+                persona = await store.persona_for_guild(conn, guild_id)
+            self._personas[guild_id] = persona
+        return persona
+
+    async def persona(self, guild_id: int | None) -> dict[str, Any]:
+        persona_id = await self.persona_id(guild_id)
+        async with self.pool.acquire() as conn:
+            found = await store.get_persona(conn, persona_id)
+        if found is None:
+            raise NotFound(f"persona {persona_id} does not exist")
+        return found
+
+    async def update_persona(
+        self, guild_id: int, *, name: str | None = None, prompt: str | None = None, attributes: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        persona_id = await self.persona_id(guild_id)
+        async with self.pool.acquire() as conn:
+            updated = await store.update_persona(conn, persona_id, name=name, prompt=prompt, attributes=attributes)
+        if updated is None:
+            raise NotFound(f"persona {persona_id} does not exist")
+        return updated
+
+    async def set_persona_attribute(self, guild_id: int, key: str, value: str | None) -> tuple[str, str | None]:
+        """Set (or, with no value, remove) one persona attribute; returns the key and value as stored."""
+        attributes = dict((await self.persona(guild_id)).get("attributes") or {})
+        key = " ".join(key.split()).lower()
+        if value is None:
+            if attributes.pop(key, None) is None:
+                raise NotFound(f"the persona has no attribute {key!r}")
+            shown = None
+        else:
+            if key not in attributes and len(attributes) >= MAX_ATTRIBUTES:
+                raise NotAllowed(f"a persona can have at most {MAX_ATTRIBUTES} attributes; remove one first")
+            attributes[key] = shown = " ".join(value.split())
+        await self.update_persona(guild_id, attributes=attributes)
+        return key, shown
+
+    async def lore(self, guild_id: int | None) -> list[dict[str, Any]]:
+        persona_id = await self.persona_id(guild_id)
+        async with self.pool.acquire() as conn:
+            return [dict(row) for row in await store.list_lore(conn, persona_id)]
+
+    async def add_lore(self, guild_id: int, text: str, *, by: int | None) -> dict[str, Any]:
+        cleaned = text.strip()
+        if not 1 <= len(cleaned) <= LORE_MAX_CHARS:
+            raise InvalidInput(f"a lore entry must have 1 to {LORE_MAX_CHARS} characters, this one has {len(cleaned)}")
+        persona_id = await self.persona_id(guild_id)
+        async with self.pool.acquire() as conn:
+            return dict(await store.add_lore(conn, persona_id, cleaned, by))
+
+    async def remove_lore(self, guild_id: int, lore_id: int) -> bool:
+        persona_id = await self.persona_id(guild_id)
+        async with self.pool.acquire() as conn:
+            return await store.delete_lore(conn, persona_id, lore_id)
+
+    async def prompt_settings(self, persona_id: int, guild_id: int | None) -> dict[str, Any]:
+        """Persona, lore texts and server settings for one reply's prompt, in one statement, read fresh."""
+        async with self.pool.acquire() as conn:
+            return await store.prompt_settings(conn, persona_id, guild_id)
+
+    # --- server settings and blocklists ---
+
+    async def guild_settings(self, guild_id: int, conn: Connection | None = None) -> GuildSettings:
+        async with self._using(conn) as using:
+            return await store.get_guild_settings(using, guild_id)
+
+    async def update_guild_settings(self, guild_id: int, **changes: object) -> GuildSettings:
+        unknown = set(changes) - store.GUILD_SETTING_COLUMNS
+        if unknown:
+            raise InvalidInput(f"unknown server settings: {', '.join(sorted(unknown))}")
+        async with self.pool.acquire() as conn, conn.transaction():
+            return await store.update_guild_settings(conn, guild_id, dict(changes))
+
+    async def is_blocked(self, guild_id: int, user_id: int, conn: Connection | None = None) -> bool:
+        async with self._using(conn) as using:
+            return await store.is_blocked(using, guild_id, user_id)
+
+    async def set_blocked(self, guild_id: int, user_id: int, blocked: bool) -> None:
+        async with self.pool.acquire() as conn:
+            await store.set_blocked(conn, guild_id, user_id, blocked)
+
+    async def blocklist(self, guild_id: int) -> list[tuple[int, datetime]]:
+        async with self.pool.acquire() as conn:
+            return await store.blocklist(conn, guild_id)
+
+    async def trigger_facts(self, guild_id: int | None, author_id: int, channel_ids: Sequence[int]) -> asyncpg.Record:
+        """The persona's name, whether a channel replies to everything, whether the author is blocked: one round trip."""
+        async with self.pool.acquire() as conn:
+            return await store.reply_trigger_facts(conn, guild_id, author_id, channel_ids)
+
+    # --- people ---
+
+    async def privacy(self, user_id: int, conn: Connection | None = None) -> Privacy:
+        async with self._using(conn) as using:
+            return await store.get_privacy(using, user_id)
+
+    async def set_privacy(self, user_id: int, level: Privacy) -> None:
+        async with self.pool.acquire() as conn:
+            await store.set_privacy(conn, user_id, level)
+
+    async def export_user(self, conn: Connection, user_id: int) -> dict[str, Any]:
+        """A user's settings for export-my-data (inside the caller's snapshot)."""
+        row = await store.user_settings_row(conn, user_id)
+        return {
+            "privacy": row["privacy"] if row else Privacy.NONE.value,
+            "blocked_in_servers": await store.user_blocked_in(conn, user_id),
+        }
+
+    async def forget_user(self, conn: Connection, user_id: int) -> dict[str, int]:
+        """A user's part of delete-my-data among settings (inside the caller's transaction)."""
+        return await store.forget_user_settings(conn, user_id)

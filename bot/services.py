@@ -1,0 +1,167 @@
+"""The one place that wires Deskmate's services, for the bot, the console, simulate, the tools and the benchmarks.
+
+`open_services` opens, in order, the database (the embedded server unless DATABASE_URL), the
+embedder (the built-in model warmed up, unless one is handed in), then every service, each the
+only owner of its tables; it closes them in reverse. Adapters receive the `Services` ready and make
+one call per event.
+
+A few requests span several owners and must be one transaction: forgetting a user (delete-my-data),
+a channel, or a server. They are here: each owner is asked to forget its part on the same connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
+
+import openai
+
+from bot.chat.log import ChatLog
+from bot.chat.model import ChatModel
+from bot.chat.reply import ReplyPipeline
+from bot.chat.service import ChatService
+from bot.chat.sources import TailSource
+from bot.chat.tools import MemoryTools
+from bot.config import Settings
+from bot.db import Database
+from bot.documents.service import DocumentLibrary
+from bot.documents.source import DocumentSource
+from bot.history.service import HistoryIndex
+from bot.history.source import ChatHistorySource
+from bot.memory.clock import Clock
+from bot.memory.embeddings import BuiltinEmbedder, Embedder, create_embedder
+from bot.memory.manage import USER_DATA_FORMAT, USER_DATA_VERSION, MemoryManager
+from bot.memory.recall import MemoryCore
+from bot.servers.service import Servers
+from bot.upkeep import Upkeep
+
+
+@dataclass
+class Services:
+    settings: Settings
+    database: Database
+    servers: Servers
+    core: MemoryCore
+    memories: MemoryManager
+    chat_log: ChatLog
+    history: HistoryIndex
+    documents: DocumentLibrary
+    upkeep: Upkeep
+    model: ChatModel
+    pipeline: ReplyPipeline
+    chat: ChatService
+
+    # --- requests that span several owners: one transaction each ---
+
+    async def forget_channel(self, channel_id: int) -> int:
+        """A deleted channel or thread: its chunks and history switch, then its messages and receipts."""
+        async with self.database.pool.acquire() as conn, conn.transaction():
+            await self.history.forget_channel(conn, channel_id)
+            return await self.chat_log.forget_channel(conn, channel_id)
+
+    async def forget_guild(self, guild_id: int) -> dict[str, int]:
+        """The bot left a server: its stored messages, chunks and receipts go (memories, documents, settings stay)."""
+        async with self.database.pool.acquire() as conn, conn.transaction():
+            history = await self.history.forget_guild(conn, guild_id)
+            chat = await self.chat_log.forget_guild(conn, guild_id)
+        return {"chat_messages": chat["chat_messages"], "history_chunks": history["history_chunks"],
+                "receipts": chat["receipts"], "history_channels": history["history_channels"]}
+
+    async def delete_user_data(self, user_id: int) -> dict[str, int]:
+        """Delete-my-data: every owner forgets the user, in one transaction (all of it, or nothing)."""
+        counts: dict[str, int] = {}
+        async with self.database.pool.acquire() as conn, conn.transaction():
+            for owner in (self.core, self.servers, self.documents, self.chat_log):
+                counts |= await owner.forget_user(conn, user_id)
+        return counts
+
+    async def export_user_data(self, user_id: int) -> dict[str, Any]:
+        """Everything Deskmate stores about a user, in every server and DM (README "Export format"), one snapshot."""
+        async with self.database.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            memories = await self.core.export_user(conn, user_id)
+            settings = await self.servers.export_user(conn, user_id)
+            messages = await self.chat_log.export_user(conn, user_id)
+        shaped = self.memories.export_user_memories(memories)
+        return {
+            "format": USER_DATA_FORMAT,
+            "version": USER_DATA_VERSION,
+            "user_id": str(user_id),
+            "exported_at": self.core.clock.now().astimezone(UTC).isoformat(),
+            "privacy": settings["privacy"],
+            "personal_memories": shaped["personal_memories"],
+            "server_memories_added": shaped["server_memories_added"],
+            "blocked_in_servers": [str(guild) for guild in settings["blocked_in_servers"]],
+            "chat_messages": messages,
+        }
+
+
+async def make_embedder(settings: Settings) -> Embedder:
+    """The configured embedder; the built-in model is loaded and warmed up off the event loop."""
+    builtin = None
+    if settings.embedding_provider == "builtin":
+        builtin = await asyncio.to_thread(BuiltinEmbedder)
+        await asyncio.to_thread(builtin.warm_up)
+    return create_embedder(settings, builtin)
+
+
+def build_services(
+    core: MemoryCore,
+    database: Database | None = None,
+    *,
+    chat_client: openai.AsyncOpenAI | None = None,
+    bot_user_id: int | None = None,
+) -> Services:
+    """Every service around a memory core (no I/O: `open_services` opens and closes around it).
+
+    The tests build a core on their own database and hand it here, so they run the same wiring.
+    """
+    settings = core.settings
+    database = database or Database(url="", pool=core.pool)
+    chat_log = ChatLog(database.pool)
+    history = HistoryIndex(core)
+    documents = DocumentLibrary(core)
+    sources: list[TailSource] = [ChatHistorySource(history), DocumentSource(documents)]
+    model = ChatModel(settings, MemoryTools(core, settings), chat_client)
+    pipeline = ReplyPipeline(core, chat_log, model, sources, bot_user_id=bot_user_id)
+    return Services(
+        settings=settings,
+        database=database,
+        servers=core.servers,
+        core=core,
+        memories=MemoryManager(core, import_max_bytes=settings.import_max_bytes),
+        chat_log=chat_log,
+        history=history,
+        documents=documents,
+        upkeep=Upkeep(core, history, documents),
+        model=model,
+        pipeline=pipeline,
+        chat=ChatService(pipeline, chat_log, core.servers, settings),
+    )
+
+
+@contextlib.asynccontextmanager
+async def open_services(
+    settings: Settings,
+    *,
+    database: Database | None = None,
+    embedder: Embedder | None = None,
+    clock: Clock | None = None,
+    chat_client: openai.AsyncOpenAI | None = None,
+    bot_user_id: int | None = None,
+) -> AsyncIterator[Services]:
+    """Open the database and embedder (unless handed in), wire every service, and close it all in reverse."""
+    async with contextlib.AsyncExitStack() as stack:
+        if database is None:
+            database = await Database.open(settings)
+            stack.push_async_callback(database.close)
+        if embedder is None:
+            embedder = await make_embedder(settings)
+        core = MemoryCore(database.pool, embedder, settings, clock, servers=Servers(database.pool, settings))
+        services = build_services(core, database, chat_client=chat_client, bot_user_id=bot_user_id)
+        stack.push_async_callback(services.model.close)
+        await services.servers.sync_default_persona()
+        yield services

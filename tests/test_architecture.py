@@ -1,0 +1,159 @@
+"""The layout holds: read from the source (AST), so breaking a rule fails here instead of in review.
+
+- no import cycle between the bot's modules;
+- a store (`store.py`, `*_store.py`: the SQL of one family of tables) is imported only by the
+  package it belongs to, whose service owns those tables and their transactions;
+- the pool is touched only by the services and the wiring;
+- Discord is known only to the adapters (the cogs, the bot process, the command reference);
+- the memory core imports nothing above it: only its own package, the servers' settings it reads,
+  and the few shared modules below both.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("bot", "cogs", "bench")
+
+# Benchmarks that measure the search statement itself against a bare top-k, and fill databases with
+# hundreds of thousands of synthetic rows; they read the SQL on purpose.
+STORE_READERS = {"bench.recall", "bench.synth"}
+POOL_HOLDERS = {
+    "bot.db", "bot.services", "bot.item_vectors", "bot.servers.service", "bot.chat.log",
+    "bot.history.service", "bot.documents.service",
+}
+POOL_HOLDER_PACKAGES = ("bot.memory.",)
+DISCORD_ADAPTERS = {"bot.bot", "bot.tools.commands_doc"}
+BELOW_THE_CORE = ("bot.memory", "bot.servers", "bot.config", "bot.db", "bot.errors", "bot.tokens", "bot.redact")
+
+
+def modules() -> dict[str, ast.Module]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            found[name] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return found
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports(tree: ast.Module) -> Iterator[str]:
+    """Every module a module imports at run time (also inside functions), not under `if TYPE_CHECKING`."""
+    skipped = {id(child) for node in ast.walk(tree) if _type_checking_only(node) for child in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: {target for target in imports(tree) if target in known and target != name} for name, tree in known.items()}
+
+
+def is_store(module: str) -> bool:
+    leaf = module.rsplit(".", 1)[-1]
+    return leaf == "store" or leaf.endswith("_store")
+
+
+def test_there_is_no_import_cycle() -> None:
+    edges = graph()
+    state: dict[str, str] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for target in sorted(edges[node]):
+            if state.get(target) == "open":
+                cycles.append([*path[path.index(target):], target] if target in path else [node, target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[node] = "done"
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_each_store_is_imported_only_by_its_own_package() -> None:
+    wrong = []
+    for module, targets in graph().items():
+        for target in targets:
+            owner = target.rsplit(".", 1)[0]
+            if is_store(target) and not module.startswith(owner + ".") and module not in STORE_READERS:
+                wrong.append(f"{module} imports {target}")
+    assert wrong == []
+
+
+def test_only_the_services_touch_the_pool() -> None:
+    wrong = []
+    for module, tree in modules().items():
+        if module in POOL_HOLDERS or module.startswith(POOL_HOLDER_PACKAGES) or module.startswith("bench."):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "pool":
+                wrong.append(f"{module}:{node.lineno}")
+    assert wrong == []
+
+
+def test_discord_is_known_only_to_the_adapters() -> None:
+    wrong = [
+        f"{module} imports {target}"
+        for module, tree in modules().items()
+        if module.startswith("bot.") and module not in DISCORD_ADAPTERS
+        for target in imports(tree)
+        if target == "discord" or target.startswith("discord.")
+    ]
+    assert wrong == []
+
+
+def test_the_memory_core_imports_nothing_above_it() -> None:
+    above = {
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        if module.startswith(("bot.memory.", "bot.servers."))
+        for target in targets
+        if not target.startswith(BELOW_THE_CORE)
+    }
+    servers_on_memory = {
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        if module.startswith("bot.servers.")
+        for target in targets
+        if target.startswith("bot.memory")
+    }
+    assert above | servers_on_memory == set()
+
+
+def test_no_module_is_too_long_to_read() -> None:
+    """No module above 600 lines and no class above 300: past that, a module is doing several jobs."""
+    long_modules, long_classes = [], []
+    for module, tree in modules().items():
+        if module.startswith(("bot.", "cogs.")):
+            lines = max((getattr(node, "end_lineno", 0) or 0 for node in ast.walk(tree)), default=0)
+            if lines > 600:
+                long_modules.append(f"{module}: {lines}")
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef) and (node.end_lineno or 0) - node.lineno + 1 > 300:
+                    long_classes.append(f"{module}.{node.name}: {(node.end_lineno or 0) - node.lineno + 1}")
+    assert long_modules == [] and long_classes == []
+
+
+def test_the_rules_catch_what_they_say() -> None:
+    """The checks above can fail: each one flags a module written to break it."""
+    bad = ast.parse("import discord\nfrom bot.chat import log_store\nx = services.pool\n")
+    assert "discord" in set(imports(bad)) and is_store("bot.chat.log_store")
+    assert any(isinstance(n, ast.Attribute) and n.attr == "pool" for n in ast.walk(bad))
+    hidden = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import discord\n")
+    assert "discord" not in set(imports(hidden))
