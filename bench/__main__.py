@@ -1,4 +1,4 @@
-"""`python -m bench [--quick]`: every benchmark of , a table on stdout, `bench/results.json`.
+"""`python -m bench [--quick]`: every benchmark, a table on stdout, `bench/results.json`.
 
 Full run: recall at 10k, 100k and 1M memories, throughput on the 100k data, LoCoMo (all variants),
 and the generated block of BENCHMARKS.md is refreshed. `--quick`: 10k and 100k, fewer replies,

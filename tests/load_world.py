@@ -53,6 +53,7 @@ from tests.fakes import LocalEndpoint
 BOT_ID = 9_000_000
 ADMIN_ID = 8_000_000
 MESSAGE_ID_BASE = 10_000_000_000
+REPLY_CHANNEL_BASE = 20_000_000_000
 START = date(2026, 5, 1)
 ANCHOR = re.compile(r"\banchor-(\d+)\b")
 
@@ -96,7 +97,7 @@ class Size:
             chat_model="rule-model",
             chat_timeout_s=60.0,
             embedding_timeout_s=60.0,
-            context_messages=1,  # participants are exactly the author and the mentioned users
+            context_messages=3,  # the window: a message by each of the (at most two) other participants
             server_memory_limit=self.server_limit,
             personal_memory_limit=self.personal_limit,
             dormant_after_days=self.dormant_after_days,
@@ -384,8 +385,16 @@ class Worker:
                 made_room = [{"kind": "forgotten_to_make_room", "list": op.list, "about_user_id": op.owner, "reason": ""}
                              for _ in result.forgotten]
                 return {"id": op.id, "changes": [change, *made_room]}
+            # the other participants write in the window first (a user who is only mentioned takes no part); a
+            # channel of its own per reply keeps other workers' messages out of that window
+            channel = REPLY_CHANNEL_BASE + op.id
+            for number, user in enumerate(op.mentions):
+                await self.pipeline.chat_log.record(IncomingMessage(
+                    message_id=MESSAGE_ID_BASE + op.id - 1 - number, channel_id=channel, author_id=user,
+                    author_name=f"user{user}", text="hi", created_at=self.clock.now(), guild_id=op.guild,
+                ))
             incoming = IncomingMessage(
-                message_id=MESSAGE_ID_BASE + op.id, channel_id=op.channel, author_id=op.author, author_name=f"user{op.author}",
+                message_id=MESSAGE_ID_BASE + op.id, channel_id=channel, author_id=op.author, author_name=f"user{op.author}",
                 text=op.text, created_at=self.clock.now(), guild_id=op.guild,
                 mentions=tuple(UserRef(user, f"user{user}") for user in op.mentions),
             )

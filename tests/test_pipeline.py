@@ -425,7 +425,7 @@ async def test_one_reply_at_a_time_per_channel(make_pipeline: MakePipeline, chat
     assert chat.max_in_flight == 2
 
 
-async def test_participants_are_author_window_authors_and_mentions(
+async def test_participants_are_the_author_and_the_window_authors_never_the_mentioned(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock
 ) -> None:
     pipeline = await make_pipeline()
@@ -435,12 +435,17 @@ async def test_participants_are_author_window_authors_and_mentions(
     outcome = await pipeline.reply(message(JUNO, "hi", clock=clock))
     assert "night shifts" not in chat.messages()[0]["content"] and len(outcome.receipt.desk_ids) == 1
     await pipeline.chat_log.record(message(SAM, "hey", clock=clock))
-    await pipeline.reply(message(JUNO, "ask Rin about it", clock=clock, mentions=(RIN, BOT)))
+    # Rin is only mentioned: her memories stay out, and the model may not save about her
+    chat.tool_calls(("save_memory", {"text": "Rin has a gig on Sunday", "list": "personal", "about_user": f"<@{RIN}>"}))
+    outcome = await pipeline.reply(message(JUNO, "ask Rin about it", clock=clock, mentions=(RIN, BOT)))
     head = chat.messages()[0]["content"]
-    assert "night shifts" in head and "drums" in head and "cello" in head
-    # a personal memory about a mentioned participant may be saved; about_user accepts a mention
+    assert "night shifts" in head and "cello" in head and "drums" not in head
+    assert outcome.changes == [] and "not in this conversation" in chat.tool_results(-1)[0]["error"]
+    # once Rin writes in the channel she takes part: her memories count, and about_user accepts a mention
+    await pipeline.chat_log.record(message(RIN, "I'm here", clock=clock))
     chat.tool_calls(("save_memory", {"text": "Rin has a gig on Sunday", "list": "personal", "about_user": f"<@{RIN}>"}))
     outcome = await pipeline.reply(message(JUNO, "Rin has a gig sunday", clock=clock, mentions=(RIN,)))
+    assert "drums" in chat.messages()[0]["content"]
     assert outcome.changes[0].kind == ChangeKind.SAVED and outcome.changes[0].about_user_id == RIN
 
 

@@ -32,7 +32,7 @@ import pytest
 
 from bot.chat.messages import IncomingMessage, UserRef
 from bot.chat.notices import ChangeKind
-from bot.chat.reply import ReplyPipeline
+from bot.chat.reply import ReplyOutcome, ReplyPipeline
 from bot.documents.service import DocumentLibrary
 from bot.history.service import HistoryIndex
 from bot.memory.base import NewMemory
@@ -85,10 +85,12 @@ class Context:
     author: int
     mentions: tuple[int, ...]
     text: str
+    writers: tuple[int, ...] = ()  # wrote the messages of the context window just before
 
     @property
     def participants(self) -> tuple[int, ...]:
-        return (self.author, *self.mentions)
+        """The author and the window's authors; someone only @mentioned takes no part."""
+        return (self.author, *self.writers)
 
 
 def world_specs() -> list[Spec]:
@@ -113,7 +115,8 @@ def contexts() -> list[Context]:
     for guild, channels in CHANNELS.items():
         for channel in channels:
             for words in ("fact- check, how are the cats?", "fact- check"):
-                found.append(Context(guild, channel, AUTHOR, everyone, words))
+                found.append(Context(guild, channel, AUTHOR, (), words, writers=everyone))
+                found.append(Context(guild, channel, AUTHOR, everyone, words))  # mentioned only: not participants
     for user in USERS:
         found.append(Context(None, 7000 + user, user, (), "fact- check, how are the cats?"))
     return found
@@ -160,7 +163,7 @@ async def world(make_core: MakeCore) -> AsyncIterator[World]:
     async with FakeChatServer() as chat:
         core = await make_core(
             embedder=DeadlineEmbedder(TopicEmbedder(0), 30.0), chat_base_url=chat.base_url, chat_model="fake-model",
-            max_used=500, memory_token_budget=20_000, context_messages=1,
+            max_used=500, memory_token_budget=20_000, context_messages=len(USERS) + 1,
         )
         pipeline = build_services(core, bot_user_id=BOT).pipeline
         await pipeline.start()
@@ -195,6 +198,14 @@ def incoming(ctx: Context, world: World, text: str | None = None) -> IncomingMes
     )
 
 
+async def converse(world: World, ctx: Context, text: str | None = None) -> ReplyOutcome:
+    """The context window (each writer's message, or the author's when nobody else writes), then the reply."""
+    for writer in ctx.writers or (ctx.author,) * len(USERS):
+        said = dataclasses.replace(ctx, author=writer, mentions=())
+        await world.pipeline.chat_log.record(incoming(said, world, "hi"))
+    return await world.pipeline.reply(incoming(ctx, world, text))
+
+
 def shown_ids(content: str) -> set[int]:
     return {json.loads(line)["id"] for line in content.splitlines() if line.startswith('{"id"')}
 
@@ -207,7 +218,7 @@ async def test_exactly_the_visible_memories_reach_the_prompt_the_search_and_the_
         hidden = sorted(set(world.ids.values()) - expected)
         world.chat.tool_calls(*(("forget_memory", {"memory_id": memory_id}) for memory_id in hidden[:40])).text("ok")
         before = len(world.chat.requests)
-        outcome = await world.pipeline.reply(incoming(ctx, world))
+        outcome = await converse(world, ctx)
         head = world.chat.requests[before]["messages"][0]["content"]
         assert shown_ids(head) == expected, (ctx, sorted(shown_ids(head) ^ expected))
         assert {scored.memory.id for scored in outcome.recall.used} == expected, ctx  # searched and matched
@@ -222,13 +233,13 @@ async def test_exactly_the_visible_memories_reach_the_prompt_the_search_and_the_
         ctx = dataclasses.replace(ctx, text=ctx.text.replace("fact- check", "hello there"))  # matches nothing
         world.clock.current += timedelta(days=1)
         before = {m.id: m for m in await world.core.all_memories()}
-        await world.pipeline.reply(incoming(ctx, world))
+        await converse(world, ctx)
         aged = {m.id for m in await world.core.all_memories() if m.days_unused == before[m.id].days_unused + 1}
         assert aged == {known for spec, known in world.ids.items() if visible(spec, ctx)}, ctx
 
 
 async def test_the_model_may_not_save_or_change_what_privacy_and_settings_forbid(world: World) -> None:
-    ctx = Context(TAGGED, CHANNELS[TAGGED][0], AUTHOR, tuple(USERS), "fact- check")
+    ctx = Context(TAGGED, CHANNELS[TAGGED][0], AUTHOR, (), "fact- check", writers=tuple(USERS))
     open_tagged = world.ids[Spec("personal", TAGGED, OPEN, (), ())]
     partial_global = world.ids[Spec("personal", "global", PARTIAL, (), ())]
     world.chat.tool_calls(
@@ -237,7 +248,7 @@ async def test_the_model_may_not_save_or_change_what_privacy_and_settings_forbid
         ("update_memory", {"memory_id": open_tagged, "text": "fact- changed by the model"}),
     ).text("ok")
     await world.core.servers.update_guild_settings(TAGGED, notice_verbosity="verbose")
-    outcome = await world.pipeline.reply(incoming(ctx, world))
+    outcome = await converse(world, ctx)
     kinds = {(change.kind, change.about_user_id) for change in outcome.changes if change.memory_list == MemoryList.PERSONAL}
     # open: saved; partial and full: privacy refuses; blocked: not visible here, so not a participant the model may save about
     assert (ChangeKind.SAVED, OPEN) in kinds and (ChangeKind.REJECTED, PARTIAL) in kinds and (ChangeKind.REJECTED, FULL) in kinds

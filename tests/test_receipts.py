@@ -198,8 +198,10 @@ async def test_memories_why_shows_the_receipt_to_the_caller_only(harness: SlashH
     await bot.services.documents.add(GUILD_ID, "handbook.md", HANDBOOK, by=ADMIN.id)  # type: ignore[attr-defined]
     world = World(bot.services, pipeline, bot.services.history, bot.services.documents, bot.services.upkeep, clock)  # type: ignore[attr-defined]
     await world.say([(RIN, "hi all")], guild=GUILD_ID, channel=GENERAL_ID)
+    await pipeline.chat_log.record(dataclasses.replace(  # Max writes in the channel: he takes part, his memories count
+        world.message(JUNO, "hello", guild=GUILD_ID, channel=GENERAL_ID), author_id=MAX.id, author_name="Max"))
     asked = world.message(JUNO, "what time is game night?", guild=GUILD_ID, channel=GENERAL_ID)
-    question = dataclasses.replace(asked, mentions=(UserRef(MAX.id, "Max"),))  # Max takes part: his memories count
+    question = dataclasses.replace(asked, mentions=(UserRef(MAX.id, "Max"),))
     outcome = await pipeline.reply(question)  # no chat model in this bot: the receipt is kept all the same
     assert outcome.status == ReplyStatus.NO_MODEL
 

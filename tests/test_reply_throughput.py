@@ -268,8 +268,8 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
     await pipeline.start()
     await pipeline.servers.add_lore(GUILD, "The mascot is a heron.", by=JUNO)
     assert (await core.save(NewMemory(MemoryList.PERSONAL, "Rin plays drums", by=RIN, guild_id=GUILD, owner_id=RIN))).saved
-    for text in ("one", "two", "three"):
-        await pipeline.chat_log.record(message(SAM, text, clock=clock))
+    for author, text in ((SAM, "one"), (SAM, "two"), (RIN, "three")):  # Rin takes part: her memories count
+        await pipeline.chat_log.record(message(author, text, clock=clock))
     await pipeline.reply(message(JUNO, "warming up", clock=clock))  # persona and space ids are cached after this
 
     searched: list[tuple[int, int]] = []  # statements and acquisitions of the core's search (its own business)
@@ -294,7 +294,7 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
     # servers' one at the same time (persona, lore, settings), then the receipt
     assert (own_statements, own_acquisitions) == (4, 3), counting.statements[statements:]
     # the window: the last context_messages up to the answered one, without it; the names as just given
-    assert [m["content"] for m in chat.messages()[1:-1]] == ["Sam (user 102): three", "Juno (user 101): warming up"]
+    assert [m["content"] for m in chat.messages()[1:-1]] == ["Rin (user 103): three", "Juno (user 101): warming up"]
     assert "Juno the Great (user 101): hey" in chat.messages()[-1]["content"]
     head = chat.messages()[0]["content"]
     assert '"The mascot is a heron."' in head and "### About Rin (user 103)" in head

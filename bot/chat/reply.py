@@ -266,8 +266,12 @@ class ReplyPipeline:
         )
 
     def _participants(self, message: IncomingMessage, window: Sequence[ChatLine]) -> list[int]:
-        """The author, the other non-bot authors of the window, and the users mentioned (bots excluded)."""
+        """The author and the other non-bot authors of the window (in a DM: the DM's user).
+
+        A user who is only @mentioned is not a participant: their personal memories come into a conversation
+        once they write there themselves, so nobody can pull someone's memories into a server they never
+        visited, or have the bot reveal or forget them, by naming them.
+        """
         found = [message.author_id]
         found += [line.author_id for line in window if not line.is_bot and not line.from_self]
-        found += [user.id for user in message.mentions if not user.is_bot]
         return [p for p in dict.fromkeys(found) if p != self.bot_user_id]

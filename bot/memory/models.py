@@ -103,8 +103,8 @@ class Conversation:
     """The reply being prepared, in plain values.
 
     `channel_id` is the channel the memory channel-limits refer to (a thread passes its parent).
-    `participant_ids` are the other non-bot authors of the context window and the users
-    mentioned in the latest message; the author is always a participant.
+    `participant_ids` are the other non-bot authors of the context window (a user who is only
+    mentioned is not one); the author is always a participant.
     `context_texts` are the texts of the context window, used by tag matching.
     """
 
