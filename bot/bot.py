@@ -30,6 +30,8 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 30.0
+SYNC_RETRY_FIRST_S = 30.0  # a failed slash-command sync is tried again after this, then twice as long each time
+SYNC_RETRY_MAX_S = 3600.0
 # What the bot needs in a channel: see and read it, answer (also in threads), embeds for lists, files for exports.
 INVITE_PERMISSIONS = discord.Permissions(
     view_channel=True,
@@ -122,13 +124,45 @@ class DeskmateBot(commands.AutoShardedBot):
             log.info("Synced %d slash commands globally", len(synced))
         return synced
 
+    async def _try_sync(self, retry_in: float | None) -> bool:
+        """One sync attempt; a refusal or a network error is one log line, never the end of the bot.
+
+        The bot serves messages without its slash commands meanwhile (and with the ones synced earlier,
+        which Discord keeps): a rejected definition, a 429 or an outage must not take the chat down.
+        """
+        try:
+            await self.sync_tree()
+        except discord.HTTPException as exc:
+            why = f"Discord answered {exc.status}" + (f" (code {exc.code})" if exc.code else "") + f": {exc.text or exc}"
+        except discord.RateLimited as exc:  # a 429 asking to wait longer than MAX_RATELIMIT_WAIT_S
+            why = f"Discord rate-limited it for {exc.retry_after:.0f} s"
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            why = f"cannot reach Discord ({type(exc).__name__}: {exc})"
+        else:
+            return True
+        later = f"retrying in {retry_in:g} s" if retry_in is not None else "retrying later"
+        log.warning("Could not sync the slash commands, %s; %s (chat replies go on meanwhile)", why, later)
+        return False
+
+    async def _sync_later(self, stop: asyncio.Event) -> None:
+        """Retry a failed command sync with backoff: SYNC_RETRY_FIRST_S, doubling up to SYNC_RETRY_MAX_S."""
+        delay = SYNC_RETRY_FIRST_S
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            if stop.is_set():
+                return
+            delay = min(delay * 2, SYNC_RETRY_MAX_S)
+            if await self._try_sync(delay):
+                return
+
     async def setup_hook(self) -> None:
         if self.user is not None:
             self.services.chat.bot_user_id = self.user.id
         await self.load_cogs()
-        if self.sync_commands:
-            await self.sync_tree()
         self._stop_background = asyncio.Event()
+        if self.sync_commands and not await self._try_sync(SYNC_RETRY_FIRST_S):
+            self._background.append(asyncio.create_task(self._sync_later(self._stop_background), name="command-sync"))
         # chunks history and keeps every vector in the current embedding space
         self._background.append(asyncio.create_task(self.services.upkeep.run(self._stop_background), name="upkeep"))
         self._background.append(asyncio.create_task(self._heartbeat(self._stop_background), name="heartbeat"))

@@ -273,3 +273,41 @@ def test_bad_shard_settings_name_the_variable(env: dict[str, str], message: str)
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_settings(env, dotenv_path=None)
     assert load_settings({"SHARD_COUNT": "8", "SHARD_IDS": "0-3, 6"}, dotenv_path=None).shard_ids == (0, 1, 2, 3, 6)
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "said"),
+    [(400, None, "Discord answered 400 (code 50035)"), (429, 120.0, "Discord rate-limited it for 120 s")],
+)
+async def test_a_refused_command_sync_is_one_line_and_retried_while_the_bot_goes_on(
+    make_core: MakeCore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+    status: int, retry_after: float | None, said: str,
+) -> None:
+    """A Discord-compatible server refused some option fields (400, 50035) and the bot used to exit from
+    setup_hook with a traceback; a sync can also meet a long 429. Now: one warning, the bot stays up, and the
+    sync is tried again with backoff until it goes through."""
+    import bot.bot as bot_module
+
+    monkeypatch.setattr(bot_module, "SYNC_RETRY_FIRST_S", 0.05)
+    async with FakeDiscord() as fake:
+        path = f"/applications/{BOT_ID}/commands"
+        refusal = fake.fail("PUT", path, status, code=50035 if status == 400 else 0, message="Invalid Form Body",
+                            retry_after=retry_after, times=2)
+        services = build_services(await make_core())
+        bot = DeskmateBot(services)
+        caplog.set_level(logging.WARNING, logger="bot.bot")
+        try:
+            await bot.login("fake-token")  # runs setup_hook: the first sync fails here
+            assert not bot.is_closed() and bot.get_cog("Chat") is not None
+            for _ in range(200):  # two refusals, then the one that goes through
+                puts = [c for c in fake.calls if c.method == "PUT" and c.path.endswith(path)]
+                if refusal.hits == 2 and len(puts) == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert refusal.hits == 2 and len(puts) == 3, "the sync was never tried again"
+        finally:
+            await bot.close()
+    lines = [r.getMessage() for r in caplog.records if "Could not sync the slash commands" in r.getMessage()]
+    assert len(lines) == 2 and all(said in line and "chat replies go on" in line for line in lines), lines
+    assert "retrying in 0.05 s" in lines[0] and "retrying in 0.1 s" in lines[1]
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback
