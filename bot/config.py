@@ -81,7 +81,8 @@ class Settings:
     chat_timeout_s: float = 60.0
     chat_context_tokens: int = 32_000
     memory_token_budget: int = 4_000
-    max_tool_rounds: int = 3
+    max_tool_rounds: int = 1
+    max_memory_actions_per_reply: int = 5
     default_persona_name: str = DEFAULT_PERSONA_NAME
     default_persona_prompt: str = DEFAULT_PERSONA_PROMPT
     # --- slash commands ---
@@ -236,7 +237,8 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         chat_timeout_s=_float(merged, "CHAT_TIMEOUT_S", 60.0, 1.0, 600.0),
         chat_context_tokens=_int(merged, "CHAT_CONTEXT_TOKENS", 32_000, 2_048, 10_000_000),
         memory_token_budget=_int(merged, "MEMORY_TOKEN_BUDGET", 4_000, 0, 10_000_000),
-        max_tool_rounds=_int(merged, "MAX_TOOL_ROUNDS", 3, 0, 10),
+        max_tool_rounds=_int(merged, "MAX_TOOL_ROUNDS", 1, 0, 10),
+        max_memory_actions_per_reply=_int(merged, "MAX_MEMORY_ACTIONS_PER_REPLY", 5, 0, 50),
         default_persona_name=_text(merged, "DEFAULT_PERSONA_NAME", DEFAULT_PERSONA_NAME)[:80],
         default_persona_prompt=_text(merged, "DEFAULT_PERSONA_PROMPT", DEFAULT_PERSONA_PROMPT).replace("\\n", "\n"),
         import_max_bytes=_int(merged, "IMPORT_MAX_BYTES", 1_048_576, 1_024, 25 * 1_048_576),

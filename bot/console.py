@@ -97,6 +97,7 @@ class ConsoleChat(ServerCommands):
             guild_id=self.guild_id,
             mentions=tuple(mentions),
             where=self.where,
+            author_can_manage=True,  # the console's user runs the local server
         )
         outcome = await self.services.chat.handle(incoming, mentions_bot=mentions_bot)
         if outcome is None:

@@ -106,6 +106,7 @@ def to_incoming(message: discord.Message) -> IncomingMessage:
         guild_id=message.guild.id if message.guild is not None else None,
         parent_channel_id=parent_id,
         is_bot=message.author.bot,
+        author_can_manage=isinstance(message.author, discord.Member) and message.author.guild_permissions.manage_guild,
         reply_to=reference.message_id if reference is not None else None,
         mentions=tuple(UserRef(user.id, user.display_name, user.bot) for user in message.mentions),
         where=where_of(channel),

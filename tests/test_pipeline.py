@@ -165,7 +165,8 @@ async def test_tool_calls_save_and_forget_with_notices(
         ("save_memory", {"text": "Movie night is on Saturdays", "list": "server"}),
         ("forget_memory", {"memory_id": old}),
     ).text("Got it!")
-    outcome = await pipeline.reply(message(JUNO, "my cat is Mochi; movie night moved to Saturdays", clock=clock))
+    asked = message(JUNO, "my cat is Mochi; movie night moved to Saturdays", clock=clock)
+    outcome = await pipeline.reply(dataclasses.replace(asked, author_can_manage=True))  # she may forget server memories
 
     assert outcome.chunks == ["Got it!"] and outcome.receipt.tool_rounds == 1
     texts = await memory_texts(pool)
@@ -254,7 +255,7 @@ async def test_malformed_tool_calls_change_nothing(
     errors = [result["error"] for result in results]
     assert "not valid JSON" in errors[0] and "JSON object" in errors[1] and "launch_rockets" in errors[2]
     assert "no memory #424242" in errors[3] and f"no memory #{other_guild_memory}" in errors[4]
-    assert "limit is 50" in errors[5] and "must be a number" in errors[6] and "non-empty" in errors[7]
+    assert "limit is 50" in errors[5] and "must be the number shown" in errors[6] and "non-empty" in errors[7]
     assert "list must be one of" in errors[8] and "not in this conversation" in errors[9] and "global" in errors[10]
 
 

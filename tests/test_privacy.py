@@ -31,6 +31,7 @@ import asyncpg
 import pytest
 
 from bot.chat.messages import IncomingMessage, UserRef
+from bot.chat.model import MAX_CALLS_PER_ANSWER
 from bot.chat.notices import ChangeKind
 from bot.chat.reply import ReplyOutcome, ReplyPipeline
 from bot.documents.service import DocumentLibrary
@@ -163,7 +164,7 @@ async def world(make_core: MakeCore) -> AsyncIterator[World]:
     async with FakeChatServer() as chat:
         core = await make_core(
             embedder=DeadlineEmbedder(TopicEmbedder(0), 30.0), chat_base_url=chat.base_url, chat_model="fake-model",
-            max_used=500, memory_token_budget=20_000, context_messages=len(USERS) + 1,
+            max_used=500, memory_token_budget=20_000, context_messages=len(USERS) + 1, max_memory_actions_per_reply=10,
         )
         pipeline = build_services(core, bot_user_id=BOT).pipeline
         await pipeline.start()
@@ -216,7 +217,8 @@ async def test_exactly_the_visible_memories_reach_the_prompt_the_search_and_the_
     for ctx in contexts():
         expected = {known for spec, known in world.ids.items() if visible(spec, ctx)}
         hidden = sorted(set(world.ids.values()) - expected)
-        world.chat.tool_calls(*(("forget_memory", {"memory_id": memory_id}) for memory_id in hidden[:40])).text("ok")
+        tried = hidden[:MAX_CALLS_PER_ANSWER]
+        world.chat.tool_calls(*(("forget_memory", {"memory_id": memory_id}) for memory_id in tried)).text("ok")
         before = len(world.chat.requests)
         outcome = await converse(world, ctx)
         head = world.chat.requests[before]["messages"][0]["content"]
@@ -224,7 +226,7 @@ async def test_exactly_the_visible_memories_reach_the_prompt_the_search_and_the_
         assert {scored.memory.id for scored in outcome.recall.used} == expected, ctx  # searched and matched
         assert outcome.changes == [] and outcome.notices is None, ctx  # no hidden memory can be changed
         results = world.chat.tool_results(before + 1)
-        assert all(not r["ok"] and "no memory #" in r["error"] for r in results) and len(results) == len(hidden[:40])
+        assert all(not r["ok"] and "no memory #" in r["error"] for r in results) and len(results) == len(tried)
         checked += len(world.ids)
     assert len(await world.core.all_memories()) == len(world.ids) and checked == len(contexts()) * len(world.ids)
 
@@ -254,7 +256,8 @@ async def test_the_model_may_not_save_or_change_what_privacy_and_settings_forbid
     assert (ChangeKind.SAVED, OPEN) in kinds and (ChangeKind.REJECTED, PARTIAL) in kinds and (ChangeKind.REJECTED, FULL) in kinds
     assert not any(user == BLOCKED and kind == ChangeKind.SAVED for kind, user in kinds)
     assert [c.kind for c in outcome.changes if c.memory_id == partial_global] == [ChangeKind.REJECTED]
-    assert [c.kind for c in outcome.changes if c.memory_id == open_tagged] == [ChangeKind.UPDATED]
+    # the model acts for the person it answers: someone else's personal memory is not theirs to change
+    assert [c.kind for c in outcome.changes if c.memory_id == open_tagged] == [ChangeKind.REJECTED]
     # verbose notices in a server show no personal text: who and what happened only
     assert outcome.notices is not None and outcome.notices.verbosity == "verbose"
     assert all("fact-" not in line for line in outcome.notices.lines), outcome.notices.lines

@@ -31,6 +31,7 @@ class IncomingMessage:
     guild_id: int | None = None
     parent_channel_id: int | None = None
     is_bot: bool = False
+    author_can_manage: bool = False  # the author has Manage Server here: what the model may change for them
     reply_to: int | None = None
     mentions: tuple[UserRef, ...] = ()
     where: str = ""

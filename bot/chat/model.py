@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
 import openai
 from openai.types.chat import ChatCompletion
 
+from bot.chat.text_calls import parse_text_calls, strip_tool_json
 from bot.chat.tools import MemoryTools, ToolContext
 from bot.config import Settings
 from bot.prompt import Prompt
@@ -20,6 +22,23 @@ from bot.redact import redact
 from bot.tokens import message_tokens
 
 log = logging.getLogger(__name__)
+
+
+MAX_CALLS_PER_ANSWER = 20  # calls of one answer that are run (or refused); the rest are dropped unanswered
+
+
+@dataclass
+class Call:
+    """One tool call, native or read from the text of the answer."""
+
+    id: str
+    name: str
+    arguments: str | None
+
+
+@dataclass
+class _Rounds:
+    rounds: int = 0
 
 
 def chat_configured(settings: Settings) -> bool:
@@ -71,11 +90,23 @@ class ChatModel:
         }
 
     async def converse(self, prompt: Prompt, tools: list[dict[str, Any]], context: ToolContext) -> tuple[str, int, str | None]:
-        """Chat-model rounds: (reply text, tool rounds used, error or None)."""
+        """Chat-model rounds: (reply text, tool rounds used, error or None). CHAT_TIMEOUT_S covers them all."""
+        state = _Rounds()
+        try:
+            async with asyncio.timeout(self.settings.chat_timeout_s):
+                return await self._converse(prompt, tools, context, state)
+        except TimeoutError:
+            log.error("Chat model %s did not finish message %s within CHAT_TIMEOUT_S", self.settings.chat_model,
+                      context.message.message_id)
+            return "", state.rounds, f"the chat model did not answer within CHAT_TIMEOUT_S ({self.settings.chat_timeout_s:g} s)"
+
+    async def _converse(
+        self, prompt: Prompt, tools: list[dict[str, Any]], context: ToolContext, state: _Rounds
+    ) -> tuple[str, int, str | None]:
         messages = list(prompt.messages)
-        rounds = 0
         history_left = len(prompt.history_ids)
         total = prompt.tokens.total
+        offered = {tool["function"]["name"] for tool in tools}
         while True:
             # tool rounds grow the request: make room by dropping the oldest history, as the prompt builder does
             while total + self.settings.chat_max_output_tokens > self.settings.chat_context_tokens and history_left:
@@ -83,18 +114,19 @@ class ChatModel:
                 history_left -= 1
             if total + self.settings.chat_max_output_tokens > self.settings.chat_context_tokens:
                 log.error("Tool results for message %s no longer fit CHAT_CONTEXT_TOKENS", context.message.message_id)
-                return "", rounds, "the tool results no longer fit in CHAT_CONTEXT_TOKENS"
+                return "", state.rounds, "the tool results no longer fit in CHAT_CONTEXT_TOKENS"
             request: dict[str, Any] = {**self._completion_kwargs(), "messages": messages}
-            may_call = bool(tools) and rounds < self.settings.max_tool_rounds
-            if tools:  # always sent when offered, so the request start stays the same; "none" ends the rounds
+            may_call = bool(tools) and state.rounds < self.settings.max_tool_rounds
+            if tools:  # always sent when offered, so the request start stays the same; "none" asks for the answer
                 request["tools"] = tools
                 if not may_call:
                     request["tool_choice"] = "none"
             try:
-                async with asyncio.timeout(self.settings.chat_timeout_s):
-                    completion = await self.chat_completion(request)
+                completion = await self.chat_completion(request)
                 reply = completion.choices[0].message
             except Exception as exc:  # any failure of the provider or its answer: apologise, never crash the bot
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
                 log.error(
                     "Chat model %s failed for message %s: %s: %s",
                     self.settings.chat_model,
@@ -102,31 +134,35 @@ class ChatModel:
                     type(exc).__name__,
                     exc,
                 )
-                return "", rounds, redact(f"{type(exc).__name__}: {exc}")  # stored in the receipt: no API key in it
-            calls = reply.tool_calls or []
+                return "", state.rounds, redact(f"{type(exc).__name__}: {exc}")  # stored in the receipt: no API key in it
+            content = reply.content or ""
+            calls = [
+                Call(call.id or f"call_{index}", call.function.name, call.function.arguments)
+                for index, call in enumerate(reply.tool_calls or [])
+                if getattr(call, "function", None) is not None
+            ]
+            if not calls and offered:  # small models write their calls in the text (see bot.chat.text_calls)
+                parsed = parse_text_calls(content, offered, max_calls=MAX_CALLS_PER_ANSWER)
+                calls = [Call(f"text_call_{index}", call.name, call.raw_arguments) for index, call in enumerate(parsed.calls)]
+                content = parsed.text
+                context.from_text += len(calls)
             if not calls or not may_call:
-                return (reply.content or "").strip(), rounds, None
-            rounds += 1
+                return strip_tool_json(content).strip(), state.rounds, None
+            state.rounds += 1
             added = len(messages)
+            calls = calls[:MAX_CALLS_PER_ANSWER]
             messages.append(
                 {
                     "role": "assistant",
-                    "content": reply.content or None,
+                    "content": content or None,
                     "tool_calls": [
-                        {
-                            "id": call.id,
-                            "type": "function",
-                            "function": {"name": call.function.name, "arguments": call.function.arguments},
-                        }
+                        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
                         for call in calls
-                        if getattr(call, "function", None) is not None
                     ],
                 }
             )
             for call in calls:
-                if getattr(call, "function", None) is None:
-                    continue
-                result = await self.tools.run(call.function.name, call.function.arguments, context)
+                result = await self.tools.run(call.name, call.arguments, context)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result, ensure_ascii=False)})
             total += sum(message_tokens(message) for message in messages[added:])
 

@@ -106,3 +106,20 @@ def notice_line(change: MemoryChange, verbosity: str, names: dict[int, str]) -> 
         return f"📦 Forgot {which}{ref} to make room{detail}"
     action = f"save {which}" if change.memory_id is None else f"change memory #{change.memory_id}"
     return f"⚠️ Couldn't {action}{detail}. Reason: {change.reason}"
+
+
+def what_was_done(changes: Sequence[MemoryChange]) -> str:
+    """The reply when the model only called tools, even when asked for an answer: a short sentence of what it did
+    ("Noted: Juno's cat is called Mochi."), so a person never gets silence or tool JSON."""
+    said = []
+    for change in changes:
+        text = change.text.strip().rstrip(".")
+        if change.kind == ChangeKind.SAVED:
+            said.append(f"Noted: {text}.")
+        elif change.kind == ChangeKind.UPDATED:
+            said.append(f"Updated: {text}.")
+        elif change.kind == ChangeKind.FORGOTTEN:
+            said.append(f"Forgotten: memory #{change.memory_id}.")
+        elif change.kind == ChangeKind.REJECTED:
+            said.append(f"I could not change my memory: {change.reason.rstrip('.')}.")
+    return " ".join(said) or "Done."

@@ -63,6 +63,7 @@ class Receipt:
     head_same_as_previous: bool | None
     history_messages: int
     tool_rounds: int = 0
+    tool_calls_from_text: int = 0  # calls read from the answer's text (the model did not use `tool_calls`)
     model: str | None = None
     changes: list[dict[str, object]] = field(default_factory=list)
     error: str | None = None

@@ -22,7 +22,7 @@ from typing import Any
 from bot.chat.log import ChatLog
 from bot.chat.messages import IncomingMessage
 from bot.chat.model import ChatModel
-from bot.chat.notices import MemoryChange, Notices, build_notices
+from bot.chat.notices import MemoryChange, Notices, build_notices, what_was_done
 from bot.chat.receipts import Receipt, ReplyStatus, build_receipt, dry_run_text
 from bot.chat.sources import TailSource
 from bot.chat.tools import MemoryTools, ToolContext
@@ -174,7 +174,7 @@ class ReplyPipeline:
             error = str(exc)
 
         changes: list[MemoryChange] = []
-        rounds = 0
+        rounds = calls_from_text = 0
         if outcome_prompt is None:
             status, chunks = ReplyStatus.PROMPT_TOO_LARGE, [TOO_LARGE]
         elif not self.model.configured:
@@ -188,9 +188,13 @@ class ReplyPipeline:
                 offered={tool["function"]["name"] for tool in tools},
                 lists=set(tools[0]["function"]["parameters"]["properties"]["list"]["enum"]) if tools else set(),
                 changes=changes,
+                names={user: names[user] for user in participants if user in names},
             )
             text, rounds, error = await self.model.converse(outcome_prompt, tools, context)
-            if error is None and not text.strip():  # e.g. only tool calls, even after tool_choice "none": never silence
+            calls_from_text = context.from_text
+            if error is None and not text.strip() and changes:  # only tool calls, even when asked for the answer
+                status, chunks = ReplyStatus.REPLIED, split_message(neutralize_broadcasts(what_was_done(changes)))
+            elif error is None and not text.strip():  # never silence
                 log.warning("Chat model %s answered message %s with no text", settings.chat_model, message.message_id)
                 error, chunks = "the chat model answered with no text", [EMPTY_ANSWER]
                 status = ReplyStatus.MODEL_ERROR
@@ -213,6 +217,7 @@ class ReplyPipeline:
             decay_active=self.core.decay_active, min_similarity=settings.min_similarity, model=settings.chat_model or None,
         )
         receipt.elapsed_ms = int((time.monotonic() - started) * 1000)
+        receipt.tool_calls_from_text = calls_from_text
         if status == ReplyStatus.NO_MODEL:
             chunks = split_message(neutralize_mentions(dry_run_text(recall, receipt, names)))
         if outcome_prompt is not None:

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.chat.arguments import as_bool, as_list_name, as_memory_id, as_user_ref
 from bot.chat.messages import IncomingMessage
 from bot.chat.notices import ChangeKind, MemoryChange
 from bot.config import Settings
@@ -18,6 +19,7 @@ from bot.errors import InvalidInput
 from bot.memory.base import NewMemory
 from bot.memory.models import MemoryList, SaveResult, Source
 from bot.memory.recall import MemoryCore
+from bot.memory.visibility import shown
 from bot.servers.models import GuildSettings
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,8 @@ class ToolCallError(InvalidInput):
 
 @dataclass
 class ToolContext:
+    """One reply's tool calls: who is talking, what they may touch, and what was done so far."""
+
     message: IncomingMessage
     participants: set[int]
     shown_ids: set[int]
@@ -94,23 +98,59 @@ class ToolContext:
     offered: set[str]
     lists: set[str]
     changes: list[MemoryChange] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)  # participants' display names, for `about_user` given as a name
+    done: dict[str, dict[str, Any]] = field(default_factory=dict)  # each distinct call once: its result
+    actions: int = 0  # memory changes tried in this reply
+    from_text: int = 0  # calls the model wrote in its text instead of `tool_calls`
 
 
-def _parse_id(value: object, what: str) -> int:
-    """An id as the model may write it: 12, "12", or a mention such as "<@12>"."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        digits = value.strip().removeprefix("<@").removeprefix("!").removesuffix(">")
-        if digits.isdigit():
-            return int(digits)
-    raise ToolCallError(f"{what} must be a number, got {value!r}")
+def _memory_id(arguments: dict[str, Any]) -> int:
+    memory_id = as_memory_id(arguments.get("memory_id"))
+    if memory_id is None:
+        raise ToolCallError(f"memory_id must be the number shown with a memory, not {shown(arguments.get('memory_id'))}")
+    return memory_id
+
+
+def _about_user(value: object, context: ToolContext) -> int:
+    """The participant a personal memory is about: an id, a <@id> mention or a display name of a participant."""
+    found = as_user_ref(value)
+    if isinstance(found, str):
+        matches = [user for user, name in context.names.items() if name.casefold() == found.casefold()]
+        if len(matches) != 1 or matches[0] not in context.participants:
+            raise ToolCallError(f"{shown(found)} is not a person in this conversation; use their user ID")
+        return matches[0]
+    if found is None:
+        raise ToolCallError(f"about_user must be the user ID of a person in this conversation, not {shown(value)}")
+    if found not in context.participants:
+        raise ToolCallError(f"user {found} is not in this conversation; personal memories are about its participants")
+    return found
+
+
+def _canonical(raw: str | None) -> str:
+    """The arguments as one text whatever their spacing and key order, to tell a repeated call."""
+    try:
+        return json.dumps(json.loads(raw or "{}"), sort_keys=True)
+    except (ValueError, RecursionError, TypeError):
+        return raw or ""
+
+
+def _arguments(raw: str | None) -> dict[str, Any]:
+    """The call's arguments as an object; anything else is refused in a sentence, whatever the model sent."""
+    try:
+        arguments = json.loads(raw or "{}")
+    except json.JSONDecodeError as exc:
+        raise ToolCallError(f"the arguments are not valid JSON ({exc.msg}); send a JSON object") from None
+    except (ValueError, RecursionError):  # a number of thousands of digits, or arrays nested thousands deep
+        raise ToolCallError("the arguments are not a usable JSON object (absurdly long numbers or deep nesting)") from None
+    if not isinstance(arguments, dict):
+        raise ToolCallError("the arguments must be a JSON object")
+    return arguments
 
 
 def _text_argument(arguments: dict[str, Any], max_chars: int) -> str:
     text = arguments.get("text")
     if not isinstance(text, str) or not text.strip():
-        raise ToolCallError("text must be a non-empty string")
+        raise ToolCallError("text is missing: give the fact to remember as a non-empty string")
     if len(text.strip()) > max_chars:
         raise ToolCallError(f"text has {len(text.strip())} characters; the limit is {max_chars}. Shorten it and try again")
     return text
@@ -130,27 +170,46 @@ class MemoryTools:
         return memory_tools(server=True, personal=guild.personal_memories, max_chars=self.settings.memory_max_chars)
 
     async def run(self, name: str, raw_arguments: str | None, context: ToolContext) -> dict[str, Any]:
+        """Run one call, or say why not. Never raises: one bad call must not stop the reply or the other calls.
+
+        The same call twice in one reply runs once (the second gets the first's result), and at most
+        MAX_MEMORY_ACTIONS_PER_REPLY calls may change memories.
+        """
+        key = f"{name}\0{_canonical(raw_arguments)}"
+        if key in context.done:
+            return context.done[key]
         try:
-            if name not in context.offered:
-                offered = ", ".join(sorted(context.offered)) or "none"
-                raise ToolCallError(f"there is no tool named {name!r} here; the tools are: {offered}")
-            try:
-                arguments = json.loads(raw_arguments or "{}")
-            except json.JSONDecodeError as exc:
-                raise ToolCallError(f"the arguments are not valid JSON ({exc.msg}); send a JSON object") from None
-            if not isinstance(arguments, dict):
-                raise ToolCallError("the arguments must be a JSON object")
-            if name == "save_memory":
-                return await self._tool_save(arguments, context)
-            if name == "update_memory":
-                return await self._tool_update(arguments, context)
-            return await self._tool_forget(arguments, context)
+            result = await self._run(name, raw_arguments, context)
         except ToolCallError as exc:
-            log.info("Refused a %s tool call for message %s: %s", name, context.message.message_id, exc)
-            return {"ok": False, "error": str(exc)}
+            log.info("Refused a %s tool call for message %s: %s", shown(name), context.message.message_id, exc)
+            result = {"ok": False, "error": exc.sentence}
+        except Exception as exc:  # a bug or a database failure: this call failed, the reply goes on
+            log.exception("A %s tool call for message %s failed", shown(name), context.message.message_id)
+            result = {"ok": False, "error": f"this call failed ({type(exc).__name__}); nothing was changed by it"}
+        context.done[key] = result
+        return result
+
+    async def _run(self, name: str, raw_arguments: str | None, context: ToolContext) -> dict[str, Any]:
+        if name not in context.offered:
+            offered = ", ".join(sorted(context.offered)) or "none"
+            raise ToolCallError(f"there is no tool named {shown(name)} here; the tools are: {offered}")
+        arguments = _arguments(raw_arguments)
+        if name == "save_memory":
+            return await self._tool_save(arguments, context)
+        if name == "update_memory":
+            return await self._tool_update(arguments, context)
+        return await self._tool_forget(arguments, context)
+
+    def _spend_action(self, context: ToolContext) -> None:
+        """Counted when a call reaches the memory service: at most MAX_MEMORY_ACTIONS_PER_REPLY per reply."""
+        if context.actions >= self.settings.max_memory_actions_per_reply:
+            raise ToolCallError(
+                f"at most {self.settings.max_memory_actions_per_reply} memory changes per reply; answer the person now"
+            )
+        context.actions += 1
 
     def _shown_id(self, arguments: dict[str, Any], context: ToolContext) -> int:
-        memory_id = _parse_id(arguments.get("memory_id"), "memory_id")
+        memory_id = _memory_id(arguments)
         if memory_id not in context.shown_ids:
             raise ToolCallError(f"there is no memory #{memory_id} in this conversation; use an id shown with a memory")
         return memory_id
@@ -173,22 +232,21 @@ class MemoryTools:
 
     async def _tool_save(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
         text = _text_argument(arguments, self.settings.memory_max_chars)
-        list_name = arguments.get("list")
+        list_name = as_list_name(arguments.get("list"))
         if list_name not in context.lists:
             raise ToolCallError(f"list must be one of: {', '.join(sorted(context.lists))}")
         memory_list = MemoryList(list_name)
-        is_global = arguments.get("global", False)
-        if not isinstance(is_global, bool):
+        is_global = as_bool(arguments.get("global", False))
+        if is_global is None:
             raise ToolCallError("global must be true or false")
         about: int | None = None
         if memory_list == MemoryList.PERSONAL:
             about = context.message.author_id
             if arguments.get("about_user") not in (None, ""):
-                about = _parse_id(arguments["about_user"], "about_user")
-            if about not in context.participants:
-                raise ToolCallError(f"user {about} is not in this conversation; personal memories are about its participants")
+                about = _about_user(arguments["about_user"], context)
         elif is_global:
             raise ToolCallError("only personal memories can be global")
+        self._spend_action(context)
         result = await self.core.save(
             NewMemory(
                 list=memory_list,
@@ -218,7 +276,10 @@ class MemoryTools:
     async def _tool_update(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
         memory_id = self._shown_id(arguments, context)
         text = _text_argument(arguments, self.settings.memory_max_chars)
-        result = await self.core.edit(memory_id, text, by=context.message.author_id, via=Source.BOT)
+        self._spend_action(context)
+        result = await self.core.edit(
+            memory_id, text, by=context.message.author_id, via=Source.BOT, by_can_manage=context.message.author_can_manage
+        )
         if result.saved is None:
             return self._refused(result, context, memory_id, None, text.strip(), None)
         updated = result.saved
@@ -227,7 +288,10 @@ class MemoryTools:
 
     async def _tool_forget(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
         memory_id = self._shown_id(arguments, context)
-        result = await self.core.delete(memory_id, by=context.message.author_id, via=Source.BOT)
+        self._spend_action(context)
+        result = await self.core.delete(
+            memory_id, by=context.message.author_id, via=Source.BOT, by_can_manage=context.message.author_can_manage
+        )
         if not result.forgotten:
             return self._refused(result, context, memory_id, None, "", None)
         gone = result.forgotten[0]

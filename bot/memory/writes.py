@@ -146,25 +146,34 @@ class MemoryWrites(MemoryBase):
     async def _change_refusal(
         self, conn: Connection, memory: Memory, by: int, via: Source, by_can_manage: bool, *, deleting: bool
     ) -> SaveResult | None:
+        """Who may change or delete what. The model (`via` bot) acts for the person it answers, `by`, and never
+        with more rights than that person has by command; it never deletes a protected memory."""
+        if via == Source.BOT and deleting and memory.protected:
+            return _rejected(
+                Rejection.NOT_ALLOWED, f"memory #{memory.id} is protected (added or edited with a command, or Global); "
+                "only a command can delete it"
+            )
         if memory.list == MemoryList.PERSONAL:
             assert memory.owner_id is not None
-            if via == Source.BOT:
-                if not deleting and await self.servers.privacy(memory.owner_id, conn) != Privacy.NONE:
-                    return _rejected(
-                        Rejection.PRIVACY, "this user's privacy setting does not let the bot change memories about them"
-                    )
-                return None
             if by != memory.owner_id:
                 return _rejected(Rejection.NOT_ALLOWED, "only its owner can change a personal memory")
+            if via == Source.BOT and not deleting and await self.servers.privacy(memory.owner_id, conn) != Privacy.NONE:
+                return _rejected(
+                    Rejection.PRIVACY, "this user's privacy setting does not let the bot change memories about them"
+                )
             return None
         assert memory.guild_id is not None
         guild = await self.servers.guild_settings(memory.guild_id, conn)
-        if via == Source.BOT:
-            if not guild.self_teaching:
-                return _rejected(Rejection.NOT_ALLOWED, "self-teaching is switched off in this server")
-            return None
+        if via == Source.BOT and not guild.self_teaching:
+            return _rejected(Rejection.NOT_ALLOWED, "self-teaching is switched off in this server")
         if by_can_manage or (guild.member_teaching and memory.created_by == by):
             return None
+        if via == Source.BOT:
+            return _rejected(
+                Rejection.NOT_ALLOWED,
+                "the person you answer could not change this server memory with /memories (it needs Manage Server, "
+                "or member teaching for their own memories)",
+            )
         return _rejected(Rejection.NOT_ALLOWED, "only members with Manage Server can change this server memory")
 
     async def edit(
