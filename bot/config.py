@@ -83,6 +83,7 @@ class Settings:
     memory_token_budget: int = 4_000
     max_tool_rounds: int = 1
     max_memory_actions_per_reply: int = 5
+    duplicate_similarity: float = 0.91
     default_persona_name: str = DEFAULT_PERSONA_NAME
     default_persona_prompt: str = DEFAULT_PERSONA_PROMPT
     # --- slash commands ---
@@ -239,6 +240,7 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         memory_token_budget=_int(merged, "MEMORY_TOKEN_BUDGET", 4_000, 0, 10_000_000),
         max_tool_rounds=_int(merged, "MAX_TOOL_ROUNDS", 1, 0, 10),
         max_memory_actions_per_reply=_int(merged, "MAX_MEMORY_ACTIONS_PER_REPLY", 5, 0, 50),
+        duplicate_similarity=_float(merged, "DUPLICATE_SIMILARITY", 0.91, 0.5, 1.01),
         default_persona_name=_text(merged, "DEFAULT_PERSONA_NAME", DEFAULT_PERSONA_NAME)[:80],
         default_persona_prompt=_text(merged, "DEFAULT_PERSONA_PROMPT", DEFAULT_PERSONA_PROMPT).replace("\\n", "\n"),
         import_max_bytes=_int(merged, "IMPORT_MAX_BYTES", 1_048_576, 1_024, 25 * 1_048_576),

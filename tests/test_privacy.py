@@ -165,6 +165,7 @@ async def world(make_core: MakeCore) -> AsyncIterator[World]:
         core = await make_core(
             embedder=DeadlineEmbedder(TopicEmbedder(0), 30.0), chat_base_url=chat.base_url, chat_model="fake-model",
             max_used=500, memory_token_budget=20_000, context_messages=len(USERS) + 1, max_memory_actions_per_reply=10,
+            duplicate_similarity=1.01,  # the topic embedder gives every fact the same vector: exact text only
         )
         pipeline = build_services(core, bot_user_id=BOT).pipeline
         await pipeline.start()

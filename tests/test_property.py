@@ -99,6 +99,11 @@ class Model:
 
     def save(self, new_id: int, kind: str, owner: int | None, text: int, via: str) -> tuple[str | None, list[int]]:
         members = [m for m in self.memories.values() if m.list == kind and m.owner == owner]
+        same = [m for m in members if m.text == text]
+        if same:  # a save that repeats a memory of its list stores nothing; the memory counts as used
+            memory = same[0]
+            memory.days, memory.last_used, memory.last_aged = 0, self.today, self.today
+            return None, []
         forgotten: list[int] = []
         if len(members) >= (SERVER_LIMIT if kind == "server" else PERSONAL_LIMIT):
             if not self.embedder_up:

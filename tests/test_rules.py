@@ -217,7 +217,7 @@ async def test_bot_edit_does_not_protect_but_command_edit_does(make_core: MakeCo
     core = await make_core()
     clock.set_date(DAY1)
     memory = await save_ok(core, server_memory(CAT))
-    by_bot = await core.edit(memory.id, CAT + " and she is grey", by=ADMIN, via=Source.BOT)
+    by_bot = await core.edit(memory.id, CAT + " and she is grey", by=ADMIN, via=Source.BOT, by_can_manage=True)
     assert by_bot.saved is not None and not by_bot.saved.protected and by_bot.saved.source == Source.BOT
     by_command = await core.edit(memory.id, CAT + " and she is white", by=ADMIN, via=Source.COMMAND, by_can_manage=True)
     assert by_command.saved is not None and by_command.saved.protected
@@ -300,11 +300,14 @@ async def test_partial_privacy_blocks_bot_saves_and_edits_but_not_deletes(make_c
     tea = await save_ok(core, personal_memory(TEA, BAU))
     await core.servers.set_privacy(BAU, Privacy.PARTIAL)
     assert (await core.save(personal_memory("Bau has two sisters", BAU))).rejected == Rejection.PRIVACY
-    assert (await core.edit(tea.id, "Bau now drinks coffee", by=JUNO, via=Source.BOT)).rejected == Rejection.PRIVACY
+    assert (await core.edit(tea.id, "Bau now drinks coffee", by=BAU, via=Source.BOT)).rejected == Rejection.PRIVACY
+    # the model acts for the person it answers: someone else's memory is not theirs to change or forget
+    assert (await core.edit(tea.id, "Bau now drinks coffee", by=JUNO, via=Source.BOT)).rejected == Rejection.NOT_ALLOWED
+    assert (await core.delete(tea.id, by=JUNO, via=Source.BOT)).rejected == Rejection.NOT_ALLOWED
     assert (await core.save(personal_memory("Bau has two sisters", BAU, via=Source.COMMAND))).saved is not None
     recall = await core.reply_search(message(ASK_TEA, author=BAU))
     assert [s.memory.id for s in recall.used] == [tea.id]  # partial still uses existing memories
-    assert (await core.delete(tea.id, by=JUNO, via=Source.BOT)).rejected is None
+    assert (await core.delete(tea.id, by=BAU, via=Source.BOT)).rejected is None
 
 
 async def test_blocked_users_and_personal_memories_off(make_core: MakeCore, clock: ManualClock) -> None:

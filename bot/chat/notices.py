@@ -34,6 +34,7 @@ class MemoryChange:
     text: str
     about_user_id: int | None = None
     reason: str = ""
+    old_text: str | None = None  # an update: the text it replaced
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -43,6 +44,7 @@ class MemoryChange:
             "text": self.text,
             "about_user_id": self.about_user_id,
             "reason": self.reason,
+            "old_text": self.old_text,
         }
 
 
@@ -99,6 +101,8 @@ def notice_line(change: MemoryChange, verbosity: str, names: dict[int, str]) -> 
     if change.kind == ChangeKind.SAVED:
         return f"📝 Saved {which}{ref}{detail}"
     if change.kind == ChangeKind.UPDATED:
+        if verbosity == "verbose" and change.old_text:
+            detail = f": “{change.old_text}” → “{change.text}”"
         return f"✏️ Updated {which}{ref}{detail}"
     if change.kind == ChangeKind.FORGOTTEN:
         return f"🗑️ Forgot {which}{ref}{detail}"

@@ -262,16 +262,23 @@ class MemoryTools:
         if result.saved is None:
             return self._refused(result, context, None, memory_list, text.strip(), about)
         saved = result.saved
+        context.shown_ids.add(saved.id)
+        if result.repeated:  # nothing new: the memory it repeats counted as used
+            return {"ok": True, "already_remembered_as": saved.id, "text": saved.text, "note": result.detail}
         context.changes.append(MemoryChange(ChangeKind.SAVED, saved.id, saved.list, saved.text, saved.owner_id))
         for gone in result.forgotten:
             context.changes.append(MemoryChange(ChangeKind.MADE_ROOM, gone.id, gone.list, gone.text, gone.owner_id))
             context.shown_ids.discard(gone.id)
-        context.shown_ids.add(saved.id)
-        return {
+        context.shown_ids.update(memory.id for memory in result.similar)  # so the model may update one of them
+        answer: dict[str, Any] = {
             "ok": True,
             "memory_id": saved.id,
             "forgotten_to_make_room": [{"id": gone.id, "text": gone.text} for gone in result.forgotten],
         }
+        if result.similar:
+            answer["similar_memories"] = [{"id": memory.id, "text": memory.text} for memory in result.similar]
+            answer["hint"] = "if the new fact replaces one of these, update that memory and forget the new one"
+        return answer
 
     async def _tool_update(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
         memory_id = self._shown_id(arguments, context)
@@ -283,7 +290,11 @@ class MemoryTools:
         if result.saved is None:
             return self._refused(result, context, memory_id, None, text.strip(), None)
         updated = result.saved
-        context.changes.append(MemoryChange(ChangeKind.UPDATED, updated.id, updated.list, updated.text, updated.owner_id))
+        context.changes.append(
+            MemoryChange(
+                ChangeKind.UPDATED, updated.id, updated.list, updated.text, updated.owner_id, old_text=result.replaced_text
+            )
+        )
         return {"ok": True, "memory_id": updated.id}
 
     async def _tool_forget(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:

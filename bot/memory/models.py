@@ -150,6 +150,9 @@ class SaveResult:
     forgotten: list[Memory]
     rejected: Rejection | None
     detail: str
+    repeated: bool = False  # the text repeats `saved`, which was counted as used instead of storing a copy
+    similar: list[Memory] = field(default_factory=list)  # the closest other memories of the list (for an update)
+    replaced_text: str | None = None  # an edit: the text before it
 
     @property
     def ok(self) -> bool:

@@ -27,6 +27,15 @@ MEMORY_COLUMNS = (
 
 
 
+# A text as duplicates are compared: case, spacing and end punctuation do not make a new fact.
+NORMALIZED_TEXT_SQL = "lower(regexp_replace(btrim(m.text, ' .!?'), '\\s+', ' ', 'g'))"
+
+
+def normalized_text(text: str) -> str:
+    """The same normalisation as NORMALIZED_TEXT_SQL, for the text being saved."""
+    return " ".join(text.strip(" .!?").split()).lower()
+
+
 def text_hash(text: str) -> str:
     """Identifies the text a vector was computed from."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
@@ -493,3 +502,56 @@ async def memories_by_id(conn: Connection, memory_ids: Iterable[int]) -> list[Me
         f"SELECT {MEMORY_COLUMNS} FROM memories WHERE id = ANY ($1::bigint[]) ORDER BY id", sorted(set(memory_ids))
     )
     return [Memory.from_row(row) for row in rows]
+
+
+async def closest_in_list(
+    conn: Connection,
+    *,
+    memory_list: MemoryList,
+    guild_id: int | None,
+    owner_id: int | None,
+    persona_id: int,
+    normalized: str,
+    space: int | None,
+    vector: np.ndarray | None,
+    limit: int = 3,
+) -> list[tuple[Memory, bool, float | None]]:
+    """The memories of one list closest to a new text: (memory, same text after normalisation, cosine or None).
+
+    The list is the one a save lands in: a server's persona list, or a user's personal memories here (tied to
+    this persona, and Global). The same text comes first, then the highest cosine in `space`.
+    """
+    if memory_list == MemoryList.SERVER:
+        scope = "m.list = 'server' AND m.guild_id = $1 AND m.persona_id = $2"
+        first = guild_id
+    else:
+        scope = "m.list = 'personal' AND m.owner_id = $1 AND (m.persona_id IS NULL OR m.persona_id = $2)"
+        first = owner_id
+    rows = await conn.fetch(
+        f"SELECT {_m_columns()}, {NORMALIZED_TEXT_SQL} = $3 AS same_text,"
+        "  CASE WHEN $5::vector IS NULL OR v.embedding IS NULL OR vector_dims(v.embedding) <> vector_dims($5::vector)"
+        "       THEN NULL ELSE 1 - (v.embedding <=> $5::vector) END AS similarity"
+        " FROM memories m LEFT JOIN memory_vectors v ON v.memory_id = m.id AND v.space_id = $4"
+        f" WHERE {scope} ORDER BY same_text DESC, similarity DESC NULLS LAST, m.id LIMIT $6",
+        first,
+        persona_id,
+        normalized,
+        space,
+        vector,
+        limit,
+    )
+    return [(Memory.from_row(row), bool(row["same_text"]), row["similarity"]) for row in rows]
+
+
+async def count_as_used(conn: Connection, memory_id: int, now: datetime, today: date, dormant_after: int) -> Memory:
+    """A repeated save: the memory it repeats counts as used (and, if it was in the drawer, is back on the desk)."""
+    row = await conn.fetchrow(
+        "UPDATE memories SET days_unused = 0, last_used_at = $2, last_aged_on = $3,"
+        " desk_changed_on = CASE WHEN days_unused >= $4 THEN $3 ELSE desk_changed_on END"
+        f" WHERE id = $1 RETURNING {MEMORY_COLUMNS}",
+        memory_id,
+        now,
+        today,
+        dormant_after,
+    )
+    return Memory.from_row(row)

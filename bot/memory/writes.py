@@ -92,6 +92,23 @@ class MemoryWrites(MemoryBase):
                 sizes = await store.personal_list_sizes(conn, request.owner_id, personas)
                 lists_to_free = sorted(p for p, size in sizes.items() if size >= self.settings.personal_memory_limit)
 
+            closest = await store.closest_in_list(
+                conn,
+                memory_list=request.list,
+                guild_id=request.guild_id,
+                owner_id=request.owner_id,
+                persona_id=persona,
+                normalized=store.normalized_text(text),
+                space=space,
+                vector=vector,  # type: ignore[arg-type]
+            )
+            repeated = next((m for m, same, cos in closest if self._repeats(m, request, tags, same, cos)), None)
+            if repeated is not None:
+                used = await store.count_as_used(conn, repeated.id, now, today, dormant_after)
+                detail = f"already remembered as #{used.id}"
+                return SaveResult(saved=used, forgotten=[], rejected=None, detail=detail, repeated=True)
+            similar = [memory for memory, _, similarity in closest[:2] if similarity is not None]
+
             forgotten: list[Memory] = []
             if lists_to_free:
                 if not self.decay_active:
@@ -139,7 +156,20 @@ class MemoryWrites(MemoryBase):
                 await store.store_vector(conn, saved.id, space, vector, text)  # type: ignore[arg-type]
         if vector is None and space is not None:
             self.vectors_wanted.set()
-        return SaveResult(saved=saved, forgotten=forgotten, rejected=None, detail="saved")
+        return SaveResult(saved=saved, forgotten=forgotten, rejected=None, detail="saved", similar=similar)
+
+    def _repeats(
+        self, memory: Memory, request: NewMemory, tags: tuple[str, ...], same_text: bool, similarity: float | None
+    ) -> bool:
+        """A save repeats a memory of its list with the same reach (Global or not, channels, tags) when the text is
+        the same after normalisation (no embedding needed), or the cosine reaches DUPLICATE_SIMILARITY (calibrated
+        on the built-in model: README)."""
+        same_reach = (
+            memory.is_global == request.is_global
+            and tuple(memory.channel_ids) == tuple(request.channel_ids)
+            and tuple(memory.tags) == tuple(tags)
+        )
+        return same_reach and (same_text or (similarity is not None and similarity >= self.settings.duplicate_similarity))
 
     # --- edits and deletes ---------------------------------------------------------------------
 
@@ -223,7 +253,7 @@ class MemoryWrites(MemoryBase):
                 await store.store_vector(conn, memory_id, space, vector, cleaned)  # type: ignore[arg-type]
         if vector is None and space is not None:
             self.vectors_wanted.set()
-        return SaveResult(saved=updated, forgotten=[], rejected=None, detail="edited")
+        return SaveResult(saved=updated, forgotten=[], rejected=None, detail="edited", replaced_text=current.text)
 
     async def delete(
         self, memory_id: int, *, by: int, via: Source = Source.COMMAND, by_can_manage: bool = False
