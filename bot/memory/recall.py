@@ -18,6 +18,7 @@ from bot.memory.bulk import BulkWrites
 from bot.memory.desk_cache import DeskCache, prompt_order
 from bot.memory.lexical import lexical_query
 from bot.memory.models import Conversation, Memory, Recall, ScoredMemory
+from bot.memory.vectors import MemoryVectors
 from bot.memory.visibility import context_words
 from bot.memory.writes import MemoryWrites
 
@@ -44,8 +45,9 @@ def desk_order(memories: list[Memory]) -> list[Memory]:
     return sorted(memories, key=prompt_order)
 
 
-class MemoryCore(MemoryWrites, BulkWrites):
-    """The memory service: the per-reply search (here) and every change to memories (`MemoryWrites`, `BulkWrites`)."""
+class MemoryCore(MemoryWrites, BulkWrites, MemoryVectors):
+    """The memory service: the per-reply search (here), every change to memories (`MemoryWrites`, `BulkWrites`)
+    and their vectors (`MemoryVectors`)."""
 
     def was_on_desk_this_morning(self, memory: Memory, today: date) -> bool:
         """DESK_REFRESH=daily: whether the memory was active when today's first reply began.
