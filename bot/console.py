@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -53,6 +54,24 @@ HELP = """Type a message to talk to the bot (as if you @mentioned it). Commands:
 
 
 
+# What each command accepts after its name (a regular expression over the rest of the line), with its usage:
+# anything else is refused with the usage instead of being ignored. Commands taking free text are not listed.
+OPTIONS: dict[str, tuple[str, str]] = {
+    "/help": (r"", "/help"), "/who": (r"", "/who"), "/dm": (r"", "/dm"), "/quit": (r"", "/quit"),
+    "/receipt": (r"", "/receipt"), "/why": (r"", "/why"), "/rebuild": (r"", "/rebuild"),
+    "/memories": (r"\d*", "/memories [PAGE]"), "/mine": (r"\d*", "/mine [PAGE]"), "/day": (r"\d*", "/day [N]"),
+    "/stats": (r"(mine)?", "/stats [mine]"), "/privacy": (r"(none|partial|full)?", "/privacy none|partial|full"),
+    "/history": (r"(on|off)?", "/history [on|off]"),
+}
+
+
+def refuse_unknown_options(command: str, rest: str) -> None:
+    """A mistyped option is refused with the usage: silently ignoring it would do something else than asked."""
+    accepted = OPTIONS.get(command)
+    if accepted is not None and not re.fullmatch(accepted[0], rest, flags=re.IGNORECASE):
+        raise CommandError(f"{command} does not take {rest!r}; usage: {accepted[1]}")
+
+
 class ConsoleChat(ServerCommands):
     """The console chat: one input line at a time, messages to the bot and the memory commands."""
 
@@ -73,6 +92,7 @@ class ConsoleChat(ServerCommands):
             self.show(f"unknown command {command}; /help lists them")
             return True
         try:
+            refuse_unknown_options(command, rest)
             await handler(rest)
         except Refusal as exc:  # one handler for the whole family: a typo, a rule, a bad file
             self.show(f"error: {exc.sentence}")

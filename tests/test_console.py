@@ -112,3 +112,22 @@ async def test_console_with_a_chat_model_replies_saves_and_uses_memories(
     assert {"role": "assistant", "content": "Cute!"} in second_question
     assert f"(user {local_id('user', 'Juno')}): how is Mochi?" in second_question[-1]["content"]
     assert "but now it answers everything here" in chat.messages()[-1]["content"]
+
+
+async def test_the_console_shows_no_log_lines_and_refuses_unknown_options(db_url: str, tmp_path: Path) -> None:
+    """Between turns a person sees the conversation only: HTTP and library logs go to DATA_DIR/console.log;
+    a mistyped option is refused with the usage instead of doing something else."""
+    async with FakeChatServer() as chat:
+        chat.text("Hello Juno!")
+        env = clean_env(DATABASE_URL=db_url, DATA_DIR=str(tmp_path), CHAT_BASE_URL=chat.base_url, CHAT_MODEL="fake-model",
+                        LOG_LEVEL="INFO")
+        status, stdout, stderr = await run_console_process(
+            ["/as Juno", "hi there", "/stats everything", "/memories two", "/privacy maybe", "/who now"], env, tmp_path
+        )
+    assert status == 0, stderr
+    assert "Deskmate: Hello Juno!" in stdout
+    assert "usage: /stats [mine]" in stdout and "usage: /memories [PAGE]" in stdout and "usage: /who" in stdout
+    assert "/privacy none|partial|full" in stdout
+    for line in (stdout + stderr).splitlines():
+        assert "HTTP Request" not in line and " INFO " not in line and "WARNING" not in line, line
+    assert " INFO " in (tmp_path / "console.log").read_text()  # the log is kept, in its file
