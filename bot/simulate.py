@@ -322,15 +322,16 @@ async def simulate(
         embedded = EmbeddedServer(settings.data_dir)
         server_url = await asyncio.to_thread(embedded.start)
     database = f"deskmate_sim_{uuid.uuid4().hex[:12]}"
+    cache = settings.pg_statement_cache
     try:
         try:
-            await ensure_database(server_url, database)
+            await ensure_database(server_url, database, statement_cache=cache)
         except Exception as exc:
             raise DatabaseError(f"cannot create a throwaway database for the simulation: {exc}") from exc
         url = with_database(server_url, database)
         try:
-            await apply_migrations(url)
-            pool = await create_pool(url, max_size=4)
+            await apply_migrations(url, statement_cache=cache)
+            pool = await create_pool(url, max_size=4, statement_cache=cache)
             try:
                 inner = (builtin or BuiltinEmbedder()) if embedder_name == "builtin" else NoEmbedder()
                 embedder = SwitchableEmbedder(DeadlineEmbedder(inner, max(settings.embedding_timeout_s, 30.0)))
@@ -340,7 +341,7 @@ async def simulate(
             finally:
                 await pool.close()
         finally:
-            await drop_database(server_url, database)
+            await drop_database(server_url, database, statement_cache=cache)
     finally:
         if embedded is not None:
             embedded.stop()
