@@ -28,6 +28,7 @@ from typing import TextIO
 
 from bot.config import Settings
 from bot.db import Database
+from bot.failures import database_sentence
 from bot.memory import store
 from bot.memory.chart import buckets, days_unused_chart
 from bot.memory.documents import DocumentError, DocumentLibrary, describe_size
@@ -597,6 +598,11 @@ async def run_console(
                 if not await console.handle(raw.strip()):
                     break
             except Exception as exc:  # one bad line never ends the session
+                explained = database_sentence(exc)  # a full disk while saving is one sentence, not a traceback
+                if explained is not None:
+                    log.error("Console command failed: %s", explained)
+                    console.show(f"error: {explained}")
+                    continue
                 log.exception("Console command failed")
                 console.show(f"error: {type(exc).__name__}: {exc}")
     finally:

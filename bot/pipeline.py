@@ -32,10 +32,12 @@ from enum import StrEnum
 from typing import Any
 from urllib.parse import urlparse
 
+import asyncpg
 import openai
 from openai.types.chat import ChatCompletion
 
 from bot.config import Settings
+from bot.failures import DISK_FULL
 from bot.memory import store
 from bot.memory.models import Conversation, GuildSettings, MemoryList, Recall, Rejection, SaveResult, Source
 from bot.memory.recall import MemoryCore, NewMemory
@@ -936,6 +938,9 @@ class ReplyPipeline:
         except ToolCallError as exc:
             log.info("Refused a %s tool call for message %s: %s", name, context.message.message_id, exc)
             return {"ok": False, "error": str(exc)}
+        except asyncpg.exceptions.DiskFullError:  # the reply still goes out; the model is told nothing was saved
+            log.error("A %s tool call for message %s failed: %s", name, context.message.message_id, DISK_FULL)
+            return {"ok": False, "error": DISK_FULL}
 
     def _shown_id(self, arguments: dict[str, Any], context: _ToolContext) -> int:
         memory_id = _parse_id(arguments.get("memory_id"), "memory_id")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import discord
 from discord import app_commands
 
+from bot.failures import database_sentence
 from bot.memory.manage import ManageError, MemoryView, Page, looks_like_instruction
 from bot.memory.models import Memory, MemoryList, SaveResult
 
@@ -105,6 +106,9 @@ def error_sentence(error: BaseException) -> str | None:
         error = error.original
     if isinstance(error, Refused | ManageError):
         return sentence(str(error))
+    database = database_sentence(error)  # a full disk while saving: say so, not "something went wrong"
+    if database is not None:
+        return sentence(database)
     if isinstance(error, app_commands.NoPrivateMessage):
         return "This command only works in a server."
     if isinstance(error, app_commands.MissingPermissions):
