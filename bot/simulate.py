@@ -142,9 +142,7 @@ def parse_scenario(lines: Iterable[str]) -> list[tuple[int, dict[str, Any]]]:
                 date.fromisoformat(step["utc"])
             except ValueError:
                 raise ScenarioError(f"{where}: utc must be a date like 2026-03-02, got {step['utc']!r}") from None
-        if op == "save":
-            if step["as"] in labels:
-                raise ScenarioError(f"{where}: the label {step['as']!r} is already used by an earlier save")
+        if op == "save":  # a label used twice is checked while running: only a save that stored a memory claims it
             if step["list"] == "server" and "guild" not in step:
                 raise ScenarioError(f"{where}: a server memory needs the field 'guild'")
             if step["list"] == "personal" and "owner" not in step:
@@ -211,6 +209,7 @@ async def run_steps(
     names = Names()
     label_of: dict[int, str] = {}
     id_of: dict[str, int] = {}
+    claimed: set[str] = set()  # labels of saves that stored a memory (a rejected save leaves its label free)
     for index, (number, step) in enumerate(steps, start=1):
         op = step["op"]
         out: dict[str, Any] = {"step": index, "op": op}
@@ -219,6 +218,8 @@ async def run_steps(
         elif op == "embeddings":
             embedder.available = step["available"]
         elif op == "save":
+            if step["as"] in claimed:
+                raise ScenarioError(f"line {number}: the label {step['as']!r} is already used by an earlier save")
             memory_list = MemoryList(step["list"])
             guild = names("guild", step["guild"]) if "guild" in step else None
             result = await core.save(
@@ -236,6 +237,7 @@ async def run_steps(
                 )
             )
             if result.saved is not None:
+                claimed.add(step["as"])
                 label_of[result.saved.id] = step["as"]
                 id_of[step["as"]] = result.saved.id
             forgotten = [label_of.get(memory.id) for memory in result.forgotten]
