@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench soak clean
+.PHONY: run test lint bench soak clean pgbouncer
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,14 @@ $(STAMP): requirements.txt requirements-dev.txt
 run: $(STAMP)
 	$(PY) -m bot
 
-test: $(STAMP)
+# The PgBouncer tests (tests/test_pgbouncer.py and the PgBouncer runs of the concurrency and load tests) need
+# Debian's pgbouncer. Installed here when missing and possible; where it cannot be, those tests skip with the reason.
+pgbouncer:
+	@command -v pgbouncer >/dev/null 2>&1 || test -x /usr/sbin/pgbouncer || \
+		( (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer) >/dev/null 2>&1 \
+		  || echo "pgbouncer could not be installed: the PgBouncer tests will be skipped" )
+
+test: $(STAMP) pgbouncer
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
@@ -29,7 +36,7 @@ bench: $(STAMP)
 # Full-size reliability runs of issue 6 (RELIABILITY.md): the load test with 4 workers (2 of them OS
 # processes) over 11 simulated days, and the bad-input fuzzing with many more examples. Takes minutes;
 # the figures go to data/soak-report.json.
-soak: $(STAMP)
+soak: $(STAMP) pgbouncer
 	mkdir -p data
 	DESKMATE_SOAK=1 DESKMATE_LOAD_REPORT=data/soak-report.json $(PY) -m pytest -q -s tests/test_load.py tests/test_bad_input.py
 

@@ -154,4 +154,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(parse(sys.argv[1:]))))
+    try:
+        sys.exit(asyncio.run(main(parse(sys.argv[1:]))))
+    except asyncio.CancelledError:  # SIGTERM or SIGHUP (bench.pg): the temporary server is already stopped and deleted
+        say("Stopped by a signal; the benchmark's PostgreSQL was stopped and its folder deleted.")
+        sys.exit(143)

@@ -13,8 +13,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, unquote_plus
 
 from dotenv import dotenv_values
+
+from bot.ids import parse_id
 
 EMBEDDING_PROVIDERS = ("builtin", "openai", "none")
 DESK_REFRESH_MODES = ("reply", "daily")
@@ -117,14 +120,102 @@ class Settings:
         return shown
 
 
-def redact_url(url: str) -> str:
-    """Hide the password of a URL such as postgresql://user:secret@host/db."""
+# Where a secret can sit in a connection URL besides `user:password@`: libpq's `password`, `sslpassword` and
+# `passfile` parameters, and the names proxies and providers use for keys and tokens. Matched without regard
+# to case or to "-" versus "_"; any name ending in one of SECRET_SUFFIXES counts too (db_password, auth_token).
+SECRET_PARAMETERS = frozenset({"password", "passwd", "pwd", "sslpassword", "passfile", "key", "apikey", "api_key",
+                               "token", "secret"})
+SECRET_SUFFIXES = ("password", "passwd", "secret", "token", "api_key", "apikey")
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+
+def _secret_parameter(name: str) -> bool:
+    normal = unquote_plus(name).strip().lower().replace("-", "_")
+    return normal in SECRET_PARAMETERS or normal.endswith(SECRET_SUFFIXES)
+
+
+def _url_parts(url: str) -> tuple[str, str, str, str] | None:
+    """(scheme://, userinfo, hosts/path, query) of a URL, split by hand: urllib refuses some of the bad URLs
+    whose secrets must still be hidden (a bad port, an unclosed IPv6 bracket). None when there is no scheme."""
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest:
+    if not sep:
+        return None
+    before_query, _, query = rest.partition("?")
+    authority, slash, path = before_query.partition("/")
+    userinfo, at, hosts = authority.rpartition("@")
+    return scheme + sep, userinfo if at else "", hosts + slash + path, query
+
+
+def url_secrets(url: str) -> list[str]:
+    """Every secret value in a connection URL (the password after `user:`, secret query parameters), as
+    written and URL-decoded, so that `bot.redact` can mask them wherever else they show up."""
+    parts = _url_parts(url)
+    found: list[str] = []
+    if parts is None:
+        return found
+    _, userinfo, _, query = parts
+    if ":" in userinfo:
+        found.append(userinfo.split(":", 1)[1])
+    for pair in query.split("&"):
+        name, equals, value = pair.partition("=")
+        if equals and _secret_parameter(name):
+            found.append(value)
+    return [text for value in found for text in {value, unquote(value), unquote_plus(value)} if text]
+
+
+def redact_url(url: str) -> str:
+    """The URL with every secret masked: the password of `user:secret@` and secret query parameters
+    (`?password=`, `sslpassword=`, `passfile=`, `api_key=`, `key=`, `token=`, `secret=`, in any case)."""
+    parts = _url_parts(url)
+    if parts is None:
         return url
-    credentials, _, host = rest.rpartition("@")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in credentials else url
+    scheme, userinfo, rest, query = parts
+    if ":" in userinfo:
+        userinfo = userinfo.split(":", 1)[0] + ":***"
+    shown = f"{scheme}{userinfo}@{rest}" if userinfo else f"{scheme}{rest}"
+    if not query and "?" not in url:
+        return shown
+    pairs = []
+    for pair in query.split("&"):
+        name, equals, _ = pair.partition("=")
+        pairs.append(f"{name}=***" if equals and _secret_parameter(name) else pair)
+    return f"{shown}?{'&'.join(pairs)}"
+
+
+def _check_database_url(url: str) -> str:
+    """The parts of DATABASE_URL that asyncpg would only refuse with a traceback at connect time: the
+    scheme, each port (1-65535, digits only) and sslmode. Messages show the URL with its secrets masked."""
+    name = "DATABASE_URL"
+    if not url.startswith(("postgres://", "postgresql://")):
+        raise ConfigError(f"{name} must start with postgresql:// (or postgres://), e.g. postgresql://user:pass@host/db")
+    parts = _url_parts(url)
+    assert parts is not None
+    _, _, rest, query = parts
+    hosts = rest.partition("/")[0]
+    ports = []
+    for host in hosts.split(","):
+        if host.startswith("["):
+            _, bracket, after = host.partition("]")
+            if not bracket:
+                raise ConfigError(f"{name} has an IPv6 address without its closing ']': {redact_url(url)}")
+            if after:
+                ports.append(after.removeprefix(":"))
+        elif ":" in host:
+            ports.append(host.rpartition(":")[2])
+    parameters: dict[str, str] = {}
+    for pair in query.split("&") if query else ():
+        key, _, value = pair.partition("=")
+        parameters[unquote_plus(key).lower()] = unquote_plus(value)
+    ports += parameters.get("port", "").split(",") if "port" in parameters else []
+    for port in ports:
+        if port == "":
+            continue
+        if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65_535):
+            raise ConfigError(f"{name} has the port {port[:20]!r}; a port is a number from 1 to 65535 ({redact_url(url)})")
+    sslmode = parameters.get("sslmode")
+    if sslmode is not None and sslmode not in SSL_MODES:
+        raise ConfigError(f"{name} has sslmode={sslmode[:20]!r}; it must be one of {', '.join(SSL_MODES)}")
+    return url
 
 
 def _text(env: Mapping[str, str], name: str, default: str) -> str:
@@ -151,7 +242,7 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int, maximum:
     try:
         value = int(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be a whole number from {minimum} to {maximum}, got {raw!r}") from None
+        raise ConfigError(f"{name} must be a whole number from {minimum} to {maximum}, got {raw[:40]!r}") from None
     if not minimum <= value <= maximum:
         raise ConfigError(f"{name} must be a whole number from {minimum} to {maximum}, got {value}")
     return value
@@ -164,7 +255,7 @@ def _float(env: Mapping[str, str], name: str, default: float, minimum: float, ma
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name} must be a number from {minimum} to {maximum}, got {raw!r}") from None
+        raise ConfigError(f"{name} must be a number from {minimum} to {maximum}, got {raw[:40]!r}") from None
     if not minimum <= value <= maximum:
         raise ConfigError(f"{name} must be a number from {minimum} to {maximum}, got {value}")
     return value
@@ -202,8 +293,8 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
 
     default_similarity = MIN_SIMILARITY_BY_MODEL.get(model, DEFAULT_MIN_SIMILARITY)
     database_url = _text(merged, "DATABASE_URL", "") or None
-    if database_url and not database_url.startswith(("postgres://", "postgresql://")):
-        raise ConfigError("DATABASE_URL must start with postgresql:// (or postgres://), e.g. postgresql://user:pass@host/db")
+    if database_url:
+        _check_database_url(database_url)
 
     return _check_shards(_check_chat_budgets(Settings(
         database_url=database_url,
@@ -257,9 +348,10 @@ def _snowflake(env: Mapping[str, str], name: str) -> int | None:
     raw = _text(env, name, "")
     if raw == "":
         return None
-    if not raw.isdigit() or not 0 < int(raw) < 2**63:
-        raise ConfigError(f"{name} must be a Discord id (the digits from 'Copy Server ID'), or unset; got {raw!r}")
-    return int(raw)
+    try:
+        return parse_id(raw, name)
+    except ValueError:
+        raise ConfigError(f"{name} must be a Discord id (the digits from 'Copy Server ID'), or unset; got {raw[:40]!r}") from None
 
 
 def _http_url(env: Mapping[str, str], name: str) -> str:
@@ -305,9 +397,13 @@ def _id_list(env: Mapping[str, str], name: str) -> tuple[int, ...] | None:
     ids: list[int] = []
     for part in raw.replace(" ", "").split(","):
         first, dash, last = part.partition("-")
-        if not first.isdigit() or (dash and not last.isdigit()):
-            raise ConfigError(f"{name} must be shard numbers or ranges separated by commas, e.g. 0,1 or 0-3; got {raw!r}")
-        low, high = int(first), int(last) if dash else int(first)
+        try:
+            low = parse_id(first, name, minimum=0)
+            high = parse_id(last, name, minimum=0) if dash else low
+        except ValueError:
+            raise ConfigError(
+                f"{name} must be shard numbers or ranges separated by commas, e.g. 0,1 or 0-3; got {raw[:40]!r}"
+            ) from None
         if high < low:
             raise ConfigError(f"{name}: the range {part} goes backwards; write it low-high, e.g. {high}-{low}")
         if high - low >= MAX_SHARDS:

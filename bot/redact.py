@@ -1,4 +1,4 @@
-"""Keep secrets (the Discord token, API keys, the database password) out of every text the bot writes.
+"""Keep secrets (the Discord token, API keys, the database password wherever it sits in the URL) out of every text the bot writes.
 
 Settings already mask themselves (`Settings.redacted`), but secrets also travel inside other
 people's messages: an OpenAI-compatible server may answer 401 with "Incorrect API key provided:
@@ -21,9 +21,8 @@ import logging
 import threading
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-from bot.config import Settings
+from bot.config import Settings, url_secrets
 
 MASK = "***"
 MIN_SECRET_CHARS = 4
@@ -32,13 +31,8 @@ MIN_SECRET_CHARS = 4
 def secrets_of(settings: Settings) -> tuple[str, ...]:
     """The secret values in `settings`: tokens, API keys and the database password (raw and URL-decoded)."""
     found = [settings.discord_token, settings.chat_api_key, settings.embedding_api_key]
-    if settings.database_url:
-        try:
-            password = urlsplit(settings.database_url).password
-        except ValueError:
-            password = None
-        if password:
-            found += [password, unquote(password)]
+    if settings.database_url:  # the password after `user:` and secret query parameters such as ?password=
+        found += url_secrets(settings.database_url)
     return tuple(sorted({value for value in found if len(value) >= MIN_SECRET_CHARS}, key=len, reverse=True))
 
 

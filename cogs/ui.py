@@ -18,6 +18,7 @@ import discord
 from discord import app_commands
 
 from bot.errors import Refusal
+from bot.failures import database_sentence
 from bot.memory.lists import MemoryView, Page, looks_like_instruction
 from bot.memory.models import Memory, MemoryList, SaveResult
 from bot.services import Services
@@ -104,6 +105,9 @@ def error_sentence(error: BaseException) -> str | None:
         error = error.original
     if isinstance(error, Refusal):
         return sentence(error.sentence)
+    database = database_sentence(error)  # a full disk while saving: say so, not "something went wrong"
+    if database is not None:
+        return sentence(database)
     if isinstance(error, app_commands.NoPrivateMessage):
         return "This command only works in a server."
     if isinstance(error, app_commands.MissingPermissions):

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -26,6 +27,7 @@ from bot.memory.clock import ManualClock
 from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder, Embedder
 from bot.memory.recall import MemoryCore
 from tests.fakes import FakeChatServer
+from tests.pgbouncer import Bouncer, pgbouncer_binary, running_pgbouncer
 
 TEMPLATE = "deskmate_test_template"
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -104,6 +106,48 @@ async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
     pool = await create_pool(db_url, max_size=10)
     yield pool
     await pool.close()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_server_url: str) -> Iterator[Bouncer]:
+    """One real PgBouncer (transaction pooling, loopback, a free port) in front of the test server."""
+    if pgbouncer_binary() is None:
+        pytest.skip("pgbouncer is not installed (Debian package 'pgbouncer'; `make test` installs it where it can)")
+    directory = Path(tempfile.mkdtemp(prefix="deskmate-test-pgbouncer-"))
+    try:
+        with running_pgbouncer(pg_server_url, directory) as bouncer:
+            yield bouncer
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Route:
+    """How a test's bot processes reach PostgreSQL: directly, or through PgBouncer in transaction mode with
+    the statement cache off (`PG_STATEMENT_CACHE=false`), as README's "Scaling out" tells deployments to."""
+
+    name: str
+    bouncer: Bouncer | None = None
+
+    @property
+    def statement_cache(self) -> bool:
+        return self.bouncer is None
+
+    def url(self, direct_url: str) -> str:
+        """The same database, reached this way (databases are still created and dropped directly)."""
+        return direct_url if self.bouncer is None else self.bouncer.url(direct_url)
+
+    def env(self) -> dict[str, str]:
+        """What a child process needs in its environment besides DATABASE_URL."""
+        return {"PG_STATEMENT_CACHE": "true" if self.statement_cache else "false"}
+
+
+@pytest.fixture(params=["postgres", "pgbouncer"])
+def route(request: pytest.FixtureRequest) -> Route:
+    """Run the test twice: straight to PostgreSQL, and through a real PgBouncer (skipped where it is missing)."""
+    if request.param == "postgres":
+        return Route("postgres")
+    return Route("pgbouncer", request.getfixturevalue("pgbouncer"))
 
 
 @pytest.fixture(scope="session")

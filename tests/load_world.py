@@ -341,9 +341,9 @@ class Worker:
         self.concurrency = concurrency
 
     @classmethod
-    async def open(cls, db_url: str, size: Size, chat_url: str, *, pool_size: int = 8) -> Worker:
-        settings = size.settings(chat_url)
-        pool = await create_pool(db_url, max_size=pool_size)
+    async def open(cls, db_url: str, size: Size, chat_url: str, *, pool_size: int = 8, statement_cache: bool = True) -> Worker:
+        settings = size.settings(chat_url).with_overrides(pg_statement_cache=statement_cache)
+        pool = await create_pool(db_url, max_size=pool_size, statement_cache=statement_cache)
         clock = ManualClock()
         embedder = DeadlineEmbedder(TopicEmbedder(len(World(size).anchors)), settings.embedding_timeout_s)
         core = MemoryCore(pool, embedder, settings, clock)

@@ -27,7 +27,10 @@ POOL_HOLDERS = {
 }
 POOL_HOLDER_PACKAGES = ("bot.memory.",)
 DISCORD_ADAPTERS = {"bot.bot", "bot.tools.commands_doc"}
-BELOW_THE_CORE = ("bot.memory", "bot.servers", "bot.config", "bot.db", "bot.errors", "bot.tokens", "bot.redact")
+BELOW_THE_CORE = (
+    "bot.memory", "bot.servers", "bot.config", "bot.db", "bot.errors", "bot.tokens", "bot.redact", "bot.ids", "bot.failures",
+    "bot.embedded",
+)
 
 
 def modules() -> dict[str, ast.Module]:

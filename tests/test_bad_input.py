@@ -187,8 +187,9 @@ async def import_once(db_url: str, existing: list[str], entries: list[Any], mode
         await pool.execute("TRUNCATE memories, memory_vectors RESTART IDENTITY CASCADE")
         clock = ManualClock()
         clock.set_date(date(2026, 7, 1))
-        core = MemoryCore(pool, fast_embedder(), Settings().with_overrides(server_memory_limit=8, personal_memory_limit=8),
-                          clock)
+        # the topic embedder gives unrelated texts one vector: duplicates by exact text only
+        settings = Settings().with_overrides(server_memory_limit=8, personal_memory_limit=8, duplicate_similarity=1.01)
+        core = MemoryCore(pool, fast_embedder(), settings, clock)
         manager = MemoryManager(core)
         ref = await (manager.personal_list(JUNO, GUILD) if personal else manager.server_list(GUILD))
         for text in existing:

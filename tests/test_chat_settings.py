@@ -12,7 +12,8 @@ def test_defaults() -> None:
     assert settings.context_messages == 30
     assert (settings.chat_base_url, settings.chat_model, settings.chat_api_key) == ("", "", "")
     assert settings.chat_temperature == 0.7 and settings.chat_max_output_tokens == 800 and settings.chat_timeout_s == 60
-    assert settings.chat_context_tokens == 32_000 and settings.memory_token_budget == 4_000 and settings.max_tool_rounds == 3
+    assert settings.chat_context_tokens == 32_000 and settings.memory_token_budget == 4_000 and settings.max_tool_rounds == 1
+    assert settings.max_memory_actions_per_reply == 5 and settings.duplicate_similarity == 0.91
     assert settings.default_persona_name == DEFAULT_PERSONA_NAME and settings.default_persona_prompt
     assert settings.discord_token == "" and settings.dev_guild_id is None
 

@@ -1,7 +1,9 @@
 """Concurrent replies and saves from two separate pools, as two bot processes would run them.
 
 The guarantees of docs/memory-rules.md under concurrency: a memory ages at most once per UTC day, a reset
-is never lost, and no list ever goes over its limit or loses a protected memory.
+is never lost, and no list ever goes over its limit or loses a protected memory. Every test runs
+twice (the `route` fixture): straight to PostgreSQL, and through a real PgBouncer in transaction
+mode with the statement cache off, where nothing tied to a session survives a transaction.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import asyncio
 import random
 from datetime import date, timedelta
 
-import asyncpg
+import pytest
 
 from bot.config import Settings
 from bot.db import create_pool
@@ -19,6 +21,7 @@ from bot.memory.clock import ManualClock
 from bot.memory.embeddings import DeadlineEmbedder
 from bot.memory.models import Conversation, MemoryList, Source
 from bot.memory.recall import MemoryCore
+from tests.conftest import Route
 
 GUILD, CHANNEL = 10, 20
 USERS = [101, 102, 103, 104, 105]
@@ -45,12 +48,12 @@ QUESTIONS = [
 
 
 async def two_cores(
-    db_url: str, builtin_embedder: object, clock: ManualClock, pool_size: int = 8, **overrides: object
+    db_url: str, builtin_embedder: object, clock: ManualClock, route: Route, pool_size: int = 8, **overrides: object
 ) -> list[MemoryCore]:
-    settings = Settings().with_overrides(**overrides)
+    settings = Settings().with_overrides(pg_statement_cache=route.statement_cache, **overrides)
     cores = []
     for _ in range(2):
-        pool = await create_pool(db_url, max_size=pool_size)
+        pool = await create_pool(route.url(db_url), max_size=pool_size, statement_cache=route.statement_cache)
         cores.append(MemoryCore(pool, DeadlineEmbedder(builtin_embedder, 60.0), settings, clock))  # type: ignore[arg-type]
     return cores
 
@@ -60,10 +63,12 @@ async def close(cores: list[MemoryCore]) -> None:
         await core.pool.close()
 
 
-async def test_many_concurrent_replies_age_each_memory_exactly_once_a_day(db_url: str, builtin_embedder: object) -> None:
+async def test_many_concurrent_replies_age_each_memory_exactly_once_a_day(
+    db_url: str, builtin_embedder: object, route: Route
+) -> None:
     clock = ManualClock()
     clock.set_date(date(2026, 4, 1))
-    cores = await two_cores(db_url, builtin_embedder, clock)
+    cores = await two_cores(db_url, builtin_embedder, clock, route)
     try:
         for fact in FACTS:
             await cores[0].save(NewMemory(MemoryList.SERVER, fact, by=1, guild_id=GUILD))
@@ -87,10 +92,10 @@ async def test_many_concurrent_replies_age_each_memory_exactly_once_a_day(db_url
         await close(cores)
 
 
-async def test_a_reset_is_never_lost_to_a_concurrent_aging(db_url: str, builtin_embedder: object) -> None:
+async def test_a_reset_is_never_lost_to_a_concurrent_aging(db_url: str, builtin_embedder: object, route: Route) -> None:
     clock = ManualClock()
     clock.set_date(date(2026, 4, 1))
-    cores = await two_cores(db_url, builtin_embedder, clock)
+    cores = await two_cores(db_url, builtin_embedder, clock, route)
     try:
         saved = await cores[0].save(NewMemory(MemoryList.SERVER, CAT, by=1, guild_id=GUILD))
         assert saved.saved is not None
@@ -108,11 +113,13 @@ async def test_a_reset_is_never_lost_to_a_concurrent_aging(db_url: str, builtin_
         await close(cores)
 
 
-async def test_concurrent_saves_never_overfill_a_list_or_forget_protected(db_url: str, builtin_embedder: object) -> None:
+async def test_concurrent_saves_never_overfill_a_list_or_forget_protected(
+    db_url: str, builtin_embedder: object, route: Route
+) -> None:
     clock = ManualClock()
     clock.set_date(date(2026, 4, 1))
     limit = 8
-    cores = await two_cores(db_url, builtin_embedder, clock, server_memory_limit=limit, dormant_after_days=1)
+    cores = await two_cores(db_url, builtin_embedder, clock, route, server_memory_limit=limit, dormant_after_days=1)
     try:
         protected = []
         for index in range(3):
@@ -144,17 +151,20 @@ async def test_concurrent_saves_never_overfill_a_list_or_forget_protected(db_url
         await close(cores)
 
 
-async def test_concurrent_start_ups_apply_migrations_once(pg_server_url: str) -> None:
-    from bot.db import apply_migrations, drop_database, ensure_database, migration_files, with_database
+@pytest.mark.timeout(120)
+async def test_concurrent_start_ups_apply_migrations_once(pg_server_url: str, route: Route) -> None:
+    """Five start-ups at once on an empty database: each migration is applied once, `vector` created once."""
+    from bot.db import apply_migrations, connect, drop_database, ensure_database, migration_files, with_database
 
-    name = "t_concurrent_migrations"
+    name = f"t_concurrent_migrations_{route.name}"
     await drop_database(pg_server_url, name)
     await ensure_database(pg_server_url, name)
-    url = with_database(pg_server_url, name)
+    url = route.url(with_database(pg_server_url, name))
     try:
-        applied = await asyncio.gather(*(apply_migrations(url) for _ in range(5)))
-        assert sorted(len(names) for names in applied) == [0, 0, 0, 0, len(migration_files())]
-        connection = await asyncpg.connect(url)
+        applied = await asyncio.gather(*(apply_migrations(url, statement_cache=route.statement_cache) for _ in range(5)))
+        # each file is its own transaction, so the start-ups may share the work, but no file is applied twice
+        assert sorted(name for names in applied for name in names) == [name for _, name, _ in migration_files()]
+        connection = await connect(url, statement_cache=route.statement_cache)
         try:
             rows = await connection.fetch("SELECT version FROM schema_migrations ORDER BY version")
             assert [row["version"] for row in rows] == list(range(1, len(migration_files()) + 1))
@@ -164,11 +174,13 @@ async def test_concurrent_start_ups_apply_migrations_once(pg_server_url: str) ->
         await drop_database(pg_server_url, name)
 
 
-async def test_first_replies_of_a_day_in_one_busy_server_never_deadlock(db_url: str, builtin_embedder: object) -> None:
+async def test_first_replies_of_a_day_in_one_busy_server_never_deadlock(
+    db_url: str, builtin_embedder: object, route: Route
+) -> None:
     """Many first-of-day replies in one server age overlapping rows at once: none may fail."""
     clock = ManualClock()
     clock.set_date(date(2026, 4, 1))
-    cores = await two_cores(db_url, builtin_embedder, clock, pool_size=20)
+    cores = await two_cores(db_url, builtin_embedder, clock, route, pool_size=20)
     try:
         for index in range(60):
             text = f"{TOPICS[index % len(TOPICS)]} (note {index})"

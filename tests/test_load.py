@@ -42,7 +42,7 @@ import pytest
 from bot.db import create_pool
 from bot.memory import store
 from bot.services import build_services
-from tests.conftest import fresh_database
+from tests.conftest import Route, fresh_database
 from tests.load_world import (
     START,
     Day,
@@ -69,10 +69,11 @@ class ProcessWorker:
         self.log = log
 
     @classmethod
-    async def start(cls, db_url: str, chat_url: str, size: Size, log: Path) -> ProcessWorker:
+    async def start(cls, db_url: str, chat_url: str, size: Size, log: Path, statement_cache: bool = True) -> ProcessWorker:
         handle = log.open("wb")
         process = await asyncio.create_subprocess_exec(
             sys.executable, str(ROOT / "tests" / "load_worker.py"), db_url, chat_url, json.dumps(size.__dict__),
+            "true" if statement_cache else "false",
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=handle, limit=256 * 1024 * 1024,
         )
         handle.close()
@@ -222,18 +223,25 @@ async def run_phase(workers: Sequence[Any], day: Day, ops: Sequence[Op]) -> list
 
 @pytest.mark.timeout(3600 if SOAK else 600)
 async def test_several_processes_on_one_postgresql_keep_every_rule(
-    db_url: str, reference_url: str, tmp_path: Path
+    db_url: str, reference_url: str, tmp_path: Path, route: Route
 ) -> None:
+    """Run twice (`route`): straight to PostgreSQL, and with every worker, the check and the processes behind a real
+    PgBouncer in transaction mode with the statement cache off. The fault-injection trigger, the snapshots and the
+    reference replay use PostgreSQL directly: they are the referee, not the bot."""
     world = World(SIZE)
     days = world.days()
     chaos = world.chaos_day()
-    figures: dict[str, Any] = {"size": SIZE.__dict__, "days": len(days) + 1}
+    figures: dict[str, Any] = {"size": SIZE.__dict__, "days": len(days) + 1, "route": route.name}
     latencies: list[float] = []
     totals: Counter[str] = Counter()
     async with RuleChatServer() as chat:
-        workers: list[Any] = [await Worker.open(db_url, SIZE, chat.url) for _ in range(SIZE.workers_in_process)]
+        shared_url, cache = route.url(db_url), route.statement_cache
+        workers: list[Any] = [
+            await Worker.open(shared_url, SIZE, chat.url, statement_cache=cache) for _ in range(SIZE.workers_in_process)
+        ]
         processes = [
-            await ProcessWorker.start(db_url, chat.url, SIZE, tmp_path / f"worker-{n}.log") for n in range(SIZE.worker_processes)
+            await ProcessWorker.start(shared_url, chat.url, SIZE, tmp_path / f"worker-{n}.log", cache)
+            for n in range(SIZE.worker_processes)
         ]
         everyone = [*workers, *processes]
         reference = await Worker.open(reference_url, SIZE, chat.url, pool_size=2)
@@ -307,7 +315,7 @@ async def test_several_processes_on_one_postgresql_keep_every_rule(
             await pool.close()
         figures["chat_requests"] = chat.requests
 
-    env = {**os.environ, "DATABASE_URL": db_url, "SERVER_MEMORY_LIMIT": str(SIZE.server_limit),
+    env = {**os.environ, **route.env(), "DATABASE_URL": route.url(db_url), "SERVER_MEMORY_LIMIT": str(SIZE.server_limit),
            "PERSONAL_MEMORY_LIMIT": str(SIZE.personal_limit), "PYTHONPATH": str(ROOT)}
     check = await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "bot", "check"], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -324,6 +332,8 @@ async def test_several_processes_on_one_postgresql_keep_every_rule(
     )
     print(json.dumps(figures, indent=2))
     report = os.environ.get("DESKMATE_LOAD_REPORT")
+    if report and route.bouncer is not None:  # the PgBouncer run's figures go beside the direct run's
+        report = str(Path(report).with_name(f"{Path(report).stem}-pgbouncer{Path(report).suffix}"))
     if report:
         await asyncio.to_thread(Path(report).write_text, json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     assert totals["operations"] >= (5_000 if SOAK else 1_000)

@@ -557,3 +557,31 @@ async def test_the_receipt_tells_a_memory_that_came_back_from_one_only_shown(
     lines = {line.split(")")[0] for line in outcome.text.splitlines() if line.strip().startswith("#")}
     assert any(line.strip().startswith(f"#{dog} ") and "back on the desk" in line for line in lines)
     assert any(line.strip().startswith(f"#{walks} ") and "stays in the drawer" in line for line in lines)
+
+
+# A full disk, raised by PostgreSQL itself (SQLSTATE 53100) on every memory written, as a disk with no room left would.
+DISK_FULL_SQL = """
+CREATE FUNCTION test_disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'could not extend file "base/1/2": No space left on device' USING ERRCODE = 'disk_full'; END $$;
+CREATE TRIGGER test_disk_full BEFORE INSERT OR UPDATE ON memories FOR EACH ROW EXECUTE FUNCTION test_disk_full();
+"""
+
+
+async def test_a_full_disk_during_a_save_is_one_clear_sentence(
+    make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool
+) -> None:
+    from bot.failures import DISK_FULL, database_sentence
+    from cogs.ui import error_sentence
+
+    pipeline = await make_pipeline()
+    await pool.execute(DISK_FULL_SQL)
+    chat.tool_calls(("save_memory", {"text": "The raid is on Thursday", "list": "server"})).text("I could not save that.")
+    outcome = await pipeline.reply(message(JUNO, "raid moved to Thursday", clock=clock))
+    assert outcome.text == "I could not save that."  # the reply still goes out
+    assert chat.tool_results()[0] == {"ok": False, "error": DISK_FULL}
+    assert await memory_texts(pool) == {}
+
+    with pytest.raises(asyncpg.exceptions.DiskFullError) as raised:  # a command's save meets the same error
+        await save(pipeline.core, "Movie night is on Saturdays")
+    assert database_sentence(raised.value) == DISK_FULL
+    assert error_sentence(raised.value) is not None and "disk is full" in (error_sentence(raised.value) or "")

@@ -120,3 +120,30 @@ def test_cli_prints_one_json_line_per_step(pg_server_url: str) -> None:
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["step"] for line in lines] == list(range(1, len(lines) + 1))
     assert len(lines) == sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
+SAVE = '{{"op": "save", "as": "{label}", "list": "server", "guild": "g", "by": "x", "text": "{text}"{extra}}}'
+
+
+async def test_a_rejected_save_does_not_claim_its_label(pg_server_url: str, builtin_embedder: Any) -> None:
+    """The list is full of protected memories, so the first save of 'z' is refused; after a delete makes room,
+    a save under the same label is a new save, not a second use of the label."""
+    lines = [
+        '{"op": "settings", "server_memory_limit": 1}',
+        SAVE.format(label="a", text="Movie night is on Fridays", extra=', "via": "command"'),
+        SAVE.format(label="z", text="The raid is on Thursday", extra=""),
+        '{"op": "delete", "memory": "a"}',
+        SAVE.format(label="z", text="The raid is on Thursday", extra=""),
+    ]
+    out: list[dict[str, Any]] = []
+    await simulate(lines, Settings(database_url=pg_server_url), out.append, builtin=builtin_embedder)
+    assert [line.get("saved") for line in out if line["op"] == "save"] == ["a", None, "z"]
+    assert out[2]["rejected"] is not None
+    assert list(out[-1]["memories"]) == ["z"]
+
+
+async def test_a_label_that_stored_a_memory_cannot_be_used_again(pg_server_url: str, builtin_embedder: Any) -> None:
+    lines = [SAVE.format(label="a", text="Movie night is on Fridays", extra=""),
+             SAVE.format(label="a", text="The raid is on Thursday", extra="")]
+    with pytest.raises(ScenarioError, match="line 2: the label 'a' is already used by an earlier save"):
+        await simulate(lines, Settings(database_url=pg_server_url), lambda _: None, builtin=builtin_embedder)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_MAX_ID = 2**63 - 1  # ids are stored as BIGINT
-_ASCII_ID = re.compile(r"[0-9]{1,20}")
+from bot.ids import parse_id
+
 _MENTION = re.compile(r"<@!?([0-9]{1,20})>")
 
 
@@ -45,12 +45,12 @@ def as_bool(value: Any) -> bool | None:
     return None
 
 
-def _ascii_id(text: str) -> int | None:
-    """A positive BIGINT written in ASCII digits only: str.isdigit() would accept "²" and int() "١٢"."""
-    if not _ASCII_ID.fullmatch(text):
+def _ascii_id(value: object) -> int | None:
+    """An id as the one id parser reads it (`bot.ids.parse_id`), or None: a model's bad id is refused, not raised."""
+    try:
+        return parse_id(value, "id")
+    except ValueError:
         return None
-    number = int(text)
-    return number if 1 <= number <= _MAX_ID else None
 
 
 def as_user_ref(value: Any) -> int | str | None:
@@ -62,7 +62,7 @@ def as_user_ref(value: Any) -> int | str | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value if 1 <= value <= _MAX_ID else None
+        return _ascii_id(value)
     if not isinstance(value, str):
         return None
     text = value.strip()
@@ -81,7 +81,7 @@ def as_memory_id(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
-        return value if 1 <= value <= _MAX_ID else None
+        return _ascii_id(value)
     if not isinstance(value, str) or len(value) > 64:
         return None
     text = value.strip()

@@ -16,6 +16,7 @@ from bot.chat.messages import IncomingMessage
 from bot.chat.notices import ChangeKind, MemoryChange
 from bot.config import Settings
 from bot.errors import InvalidInput
+from bot.failures import database_sentence
 from bot.memory.base import NewMemory
 from bot.memory.models import MemoryList, SaveResult, Source
 from bot.memory.recall import MemoryCore
@@ -184,8 +185,12 @@ class MemoryTools:
             log.info("Refused a %s tool call for message %s: %s", shown(name), context.message.message_id, exc)
             result = {"ok": False, "error": exc.sentence}
         except Exception as exc:  # a bug or a database failure: this call failed, the reply goes on
-            log.exception("A %s tool call for message %s failed", shown(name), context.message.message_id)
-            result = {"ok": False, "error": f"this call failed ({type(exc).__name__}); nothing was changed by it"}
+            explained = database_sentence(exc)  # a full disk: one sentence, for the model and the log
+            if explained is not None:
+                log.error("A %s tool call for message %s failed: %s", shown(name), context.message.message_id, explained)
+            else:
+                log.exception("A %s tool call for message %s failed", shown(name), context.message.message_id)
+            result = {"ok": False, "error": explained or f"this call failed ({type(exc).__name__}); nothing was changed by it"}
         context.done[key] = result
         return result
 

@@ -10,20 +10,20 @@ import json
 from collections.abc import Collection
 
 from bot.errors import InvalidInput, Refusal
+from bot.ids import parse_id
 from bot.memory.lists import ImportEntry, ImportPlan, ListRef
 from bot.memory.models import MemoryList
-from bot.memory.visibility import clean_text, normalize_tags, shown
+from bot.memory.visibility import clean_text, normalize_tags
 
 EXPORT_FORMAT = "deskmate-memories"
 EXPORT_VERSION = 1
 
 def _snowflake(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise Refusal(f"{where}: channel ids must be numbers or strings of digits")
-    text = str(value).strip()
-    if not text.isdigit() or not 0 < int(text) < 2**63:
-        raise Refusal(f"{where}: {shown(value)} is not a Discord channel id")
-    return int(text)
+    """A channel id of an imported memory, through the one id parser: "²" or 5,000 digits are refused, not raised."""
+    try:
+        return parse_id(value, "a channel id")
+    except ValueError as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
 
 
 def parse_import(

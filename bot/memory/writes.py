@@ -8,6 +8,7 @@ rules are in docs/memory-rules.md ("Saving and forgetting", "Protection").
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 
 from bot.db import Connection
@@ -19,6 +20,8 @@ from bot.memory.visibility import clean_text, normalize_tags
 from bot.servers.models import Privacy
 
 log = logging.getLogger(__name__)
+
+NUMBERS = re.compile(r"\d+")
 
 
 class MemoryWrites(MemoryBase):
@@ -168,7 +171,11 @@ class MemoryWrites(MemoryBase):
             and tuple(memory.channel_ids) == tuple(request.channel_ids)
             and tuple(memory.tags) == tuple(tags)
         )
-        return same_reach and (same_text or (similarity is not None and similarity >= self.settings.duplicate_similarity))
+        if not same_reach:
+            return False
+        # a changed number is a changed fact ("note 1" and "note 2", 2019 and 2021), however close the wording
+        close = similarity is not None and similarity >= self.settings.duplicate_similarity
+        return same_text or (close and NUMBERS.findall(memory.text) == NUMBERS.findall(request.text))
 
     # --- edits and deletes ---------------------------------------------------------------------
 

@@ -155,9 +155,7 @@ def parse_scenario(lines: Iterable[str]) -> list[tuple[int, dict[str, Any]]]:
                 date.fromisoformat(step["utc"])
             except ValueError:
                 raise ScenarioError(f"{where}: utc must be a date like 2026-03-02, got {step['utc']!r}") from None
-        if op == "save":
-            if step["as"] in labels:
-                raise ScenarioError(f"{where}: the label {step['as']!r} is already used by an earlier save")
+        if op == "save":  # a label used twice is checked while running: only a save that stored a memory claims it
             if step["list"] == "server" and "guild" not in step:
                 raise ScenarioError(f"{where}: a server memory needs the field 'guild'")
             if step["list"] == "personal" and "owner" not in step:
@@ -224,6 +222,7 @@ async def run_steps(
     names = Names()
     label_of: dict[int, str] = {}
     id_of: dict[str, int] = {}
+    claimed: set[str] = set()  # labels of saves that stored a memory (a rejected save leaves its label free)
     for index, (number, step) in enumerate(steps, start=1):
         op = step["op"]
         out: dict[str, Any] = {"step": index, "op": op}
@@ -232,6 +231,8 @@ async def run_steps(
         elif op == "embeddings":
             embedder.available = step["available"]
         elif op == "save":
+            if step["as"] in claimed:
+                raise ScenarioError(f"line {number}: the label {step['as']!r} is already used by an earlier save")
             memory_list = MemoryList(step["list"])
             guild = names("guild", step["guild"]) if "guild" in step else None
             result = await core.save(
@@ -249,6 +250,7 @@ async def run_steps(
                 )
             )
             if result.saved is not None:
+                claimed.add(step["as"])
                 label_of[result.saved.id] = step["as"]
                 id_of[step["as"]] = result.saved.id
             forgotten = [label_of.get(memory.id) for memory in result.forgotten]
@@ -335,15 +337,16 @@ async def simulate(
         embedded = EmbeddedServer(settings.data_dir)
         server_url = await asyncio.to_thread(embedded.start)
     database = f"deskmate_sim_{uuid.uuid4().hex[:12]}"
+    cache = settings.pg_statement_cache
     try:
         try:
-            await ensure_database(server_url, database)
+            await ensure_database(server_url, database, statement_cache=cache)
         except Exception as exc:
             raise DatabaseError(f"cannot create a throwaway database for the simulation: {exc}") from exc
         url = with_database(server_url, database)
         try:
-            await apply_migrations(url)
-            pool = await create_pool(url, max_size=4)
+            await apply_migrations(url, statement_cache=cache)
+            pool = await create_pool(url, max_size=4, statement_cache=cache)
             try:
                 inner = (builtin or BuiltinEmbedder()) if embedder_name == "builtin" else NoEmbedder()
                 embedder = SwitchableEmbedder(DeadlineEmbedder(inner, max(settings.embedding_timeout_s, 30.0)))
@@ -353,7 +356,7 @@ async def simulate(
             finally:
                 await pool.close()
         finally:
-            await drop_database(server_url, database)
+            await drop_database(server_url, database, statement_cache=cache)
     finally:
         if embedded is not None:
             embedded.stop()
