@@ -27,6 +27,24 @@ log = logging.getLogger(__name__)
 MAX_CALLS_PER_ANSWER = 20  # calls of one answer that are run (or refused); the rest are dropped unanswered
 
 
+MAX_ECHOED_ARGUMENTS = 4000  # characters of a call's arguments sent back to the model with its result
+
+
+def _as_text(arguments: object) -> str | None:
+    """Arguments as the JSON text the tools read: some servers (Ollama's shape) send an object instead."""
+    if arguments is None or isinstance(arguments, str):
+        return arguments
+    try:
+        return json.dumps(arguments, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return str(arguments)[:MAX_ECHOED_ARGUMENTS]
+
+
+def _echoed(arguments: str | None) -> str:
+    """What the next request repeats of a call: huge or garbled arguments (refused anyway) must not fill the context."""
+    return arguments if arguments is not None and len(arguments) <= MAX_ECHOED_ARGUMENTS else "{}"
+
+
 @dataclass
 class Call:
     """One tool call, native or read from the text of the answer."""
@@ -137,7 +155,7 @@ class ChatModel:
                 return "", state.rounds, redact(f"{type(exc).__name__}: {exc}")  # stored in the receipt: no API key in it
             content = reply.content or ""
             calls = [
-                Call(call.id or f"call_{index}", call.function.name, call.function.arguments)
+                Call(call.id or f"call_{index}", call.function.name, _as_text(call.function.arguments))
                 for index, call in enumerate(reply.tool_calls or [])
                 if getattr(call, "function", None) is not None
             ]
@@ -145,7 +163,8 @@ class ChatModel:
                 parsed = parse_text_calls(content, offered, max_calls=MAX_CALLS_PER_ANSWER)
                 calls = [Call(f"text_call_{index}", call.name, call.raw_arguments) for index, call in enumerate(parsed.calls)]
                 content = parsed.text
-                context.from_text += len(calls)
+                if may_call:
+                    context.from_text += len(calls)
             if not calls or not may_call:
                 return strip_tool_json(content).strip(), state.rounds, None
             state.rounds += 1
@@ -156,7 +175,7 @@ class ChatModel:
                     "role": "assistant",
                     "content": content or None,
                     "tool_calls": [
-                        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": _echoed(call.arguments)}}
                         for call in calls
                     ],
                 }

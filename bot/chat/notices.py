@@ -112,10 +112,11 @@ def notice_line(change: MemoryChange, verbosity: str, names: dict[int, str]) -> 
     return f"⚠️ Couldn't {action}{detail}. Reason: {change.reason}"
 
 
-def what_was_done(changes: Sequence[MemoryChange]) -> str:
+def what_was_done(changes: Sequence[MemoryChange], extra: Sequence[str] = ()) -> str:
     """The reply when the model only called tools, even when asked for an answer: a short sentence of what it did
-    ("Noted: Juno's cat is called Mochi."), so a person never gets silence or tool JSON."""
-    said = []
+    ("Noted: Juno's cat is called Mochi."), so a person never gets silence or tool JSON. `extra` says what the
+    calls that changed nothing amount to ("I already remember that: ...")."""
+    said: list[str] = []
     for change in changes:
         text = change.text.strip().rstrip(".")
         if change.kind == ChangeKind.SAVED:
@@ -126,4 +127,4 @@ def what_was_done(changes: Sequence[MemoryChange]) -> str:
             said.append(f"Forgotten: memory #{change.memory_id}.")
         elif change.kind == ChangeKind.REJECTED:
             said.append(f"I could not change my memory: {change.reason.rstrip('.')}.")
-    return " ".join(said) or "Done."
+    return " ".join(dict.fromkeys([*said, *extra])) or "Done."

@@ -192,8 +192,9 @@ class ReplyPipeline:
             )
             text, rounds, error = await self.model.converse(outcome_prompt, tools, context)
             calls_from_text = context.from_text
-            if error is None and not text.strip() and changes:  # only tool calls, even when asked for the answer
-                status, chunks = ReplyStatus.REPLIED, split_message(neutralize_broadcasts(what_was_done(changes)))
+            if error is None and not text.strip() and (changes or context.said):  # only calls, even when asked to answer
+                done = what_was_done(changes, context.said)
+                status, chunks = ReplyStatus.REPLIED, split_message(neutralize_mentions(neutralize_broadcasts(done)))
             elif error is None and not text.strip():  # never silence
                 log.warning("Chat model %s answered message %s with no text", settings.chat_model, message.message_id)
                 error, chunks = "the chat model answered with no text", [EMPTY_ANSWER]

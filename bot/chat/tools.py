@@ -103,6 +103,7 @@ class ToolContext:
     done: dict[str, dict[str, Any]] = field(default_factory=dict)  # each distinct call once: its result
     actions: int = 0  # memory changes tried in this reply
     from_text: int = 0  # calls the model wrote in its text instead of `tool_calls`
+    said: list[str] = field(default_factory=list)  # what calls that changed nothing amount to, for a reply of only calls
 
 
 def _memory_id(arguments: dict[str, Any]) -> int:
@@ -184,6 +185,7 @@ class MemoryTools:
         except ToolCallError as exc:
             log.info("Refused a %s tool call for message %s: %s", shown(name), context.message.message_id, exc)
             result = {"ok": False, "error": exc.sentence}
+            context.said.append(f"I could not change my memory: {exc.sentence.rstrip('.')}.")
         except Exception as exc:  # a bug or a database failure: this call failed, the reply goes on
             explained = database_sentence(exc)  # a full disk: one sentence, for the model and the log
             if explained is not None:
@@ -269,6 +271,7 @@ class MemoryTools:
         saved = result.saved
         context.shown_ids.add(saved.id)
         if result.repeated:  # nothing new: the memory it repeats counted as used
+            context.said.append(f"I already remember that: {saved.text.rstrip('.')}.")
             return {"ok": True, "already_remembered_as": saved.id, "text": saved.text, "note": result.detail}
         context.changes.append(MemoryChange(ChangeKind.SAVED, saved.id, saved.list, saved.text, saved.owner_id))
         for gone in result.forgotten:
