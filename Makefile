@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench soak clean pgbouncer
+.PHONY: run smoke test lint bench soak clean pgbouncer
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,10 @@ $(STAMP): requirements.txt requirements-dev.txt
 
 run: $(STAMP)
 	$(PY) -m bot
+
+# A real chat model's four-turn check (README "Trying a real model"): needs CHAT_BASE_URL and CHAT_MODEL.
+smoke: $(STAMP)
+	$(PY) -m bot smoke
 
 # The PgBouncer tests (tests/test_pgbouncer.py and the PgBouncer runs of the concurrency and load tests) need
 # Debian's pgbouncer. Installed here when missing and possible; where it cannot be, those tests skip with the reason.

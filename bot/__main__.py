@@ -1,4 +1,4 @@
-"""Command line: `python -m bot [run|console|simulate FILE|check|reembed|calibrate [--file FILE]|commands [--markdown]]`.
+"""Command line: `python -m bot [run|console|simulate FILE|check|reembed|smoke|calibrate [--file FILE]|commands [--markdown]]`.
 
 Every failure a user can cause (bad settings, an unreachable database, a broken scenario file)
 ends with one clear sentence on stderr and a non-zero exit status, never a traceback.
@@ -50,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("file", help="scenario file (JSON Lines, see shared/scenarios/FORMAT.md or the README)")
     commands.add_parser("check", help="verify limits and counters of every stored memory (exit 1 on problems)")
     commands.add_parser("reembed", help="embed every memory, chat chunk and document passage with the current model (resumable)")
+    commands.add_parser("smoke", help="a short scripted conversation with the configured chat model (exit 1 on FAIL)")
     calibrate = commands.add_parser("calibrate", help="measure which MIN_SIMILARITY suits the configured embedder")
     calibrate.add_argument("--file", help="labelled pairs (JSON Lines) [default: tests/data/calibration.jsonl]")
     tree = commands.add_parser("commands", help="print the slash-command tree as JSON (no connection needed)")
@@ -125,6 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bot.tools.reembed import main as reembed
 
             return reembed(settings)
+        if args.command == "smoke":
+            from bot.tools.smoke import run_cli as smoke
+
+            return smoke(settings)
         if args.command == "calibrate":
             from bot.tools.calibration import run_cli
 

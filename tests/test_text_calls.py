@@ -525,3 +525,10 @@ def test_as_memory_id(value: Any, expected: int | None) -> None:
     result = as_memory_id(value)
     assert result == expected
     assert type(result) is type(expected)
+
+
+def test_echoed_tool_results_are_never_posted() -> None:
+    """A small model (0.5B) answered with the tool results it had read; those are not a reply either."""
+    assert strip_tool_json('{"ok": true, "memory_id": 1, "forgotten_to_make_room": []}') == ""
+    assert strip_tool_json('{"error": "list must be one of: personal, server"} {"error": "x"} Hello') == "Hello"
+    assert strip_tool_json('Your config is {"ok": 1, "mode": "fast"} fine') == 'Your config is {"ok": 1, "mode": "fast"} fine'

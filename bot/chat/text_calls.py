@@ -64,7 +64,12 @@ _TAG = re.compile(r"<\s*(/?)\s*tool_call\s*>", re.IGNORECASE)
 _SEPARATORS = re.compile(r"[\s,;]*")
 _NAME_KEY = re.compile(r'"name"\s*:')
 _ARGS_KEY = re.compile(r'"(?:arguments|parameters)"\s*:')
-_MARKERS = re.compile(r'"name"|"arguments"|"parameters"|<\s*/?\s*tool_call', re.IGNORECASE)
+_MARKERS = re.compile(r'"name"|"arguments"|"parameters"|"ok"|"error"|<\s*/?\s*tool_call', re.IGNORECASE)
+# Keys of the results the memory tools send back: a small model may echo them as its answer.
+_RESULT_KEYS = frozenset({
+    "ok", "error", "memory_id", "forgotten", "forgotten_to_make_room", "already_remembered_as", "text", "note",
+    "similar_memories", "hint",
+})
 
 _UNCLOSED = -1
 _TOO_DEEP = -2
@@ -299,7 +304,8 @@ def _offered_calls(value: Any, offered: frozenset[str]) -> list[TextCall] | None
 
 
 def _looks_like_tool_json(value: Any) -> bool:
-    """True if a decoded value holds, anywhere inside, an object shaped like a call or a tool definition."""
+    """True if a decoded value holds, anywhere inside, an object shaped like a call, a tool definition, or a
+    memory tool's result (small models echo those as their answer)."""
     stack = [value]
     nodes = 0
     while stack and nodes < _WALK_NODES:
@@ -307,6 +313,8 @@ def _looks_like_tool_json(value: Any) -> bool:
         nodes += 1
         if isinstance(node, dict):
             if isinstance(node.get("name"), str) and ("arguments" in node or "parameters" in node):
+                return True
+            if node and set(node) <= _RESULT_KEYS and ("ok" in node or "error" in node):  # an echoed tool result
                 return True
             stack.extend(node.values())
         elif isinstance(node, list):

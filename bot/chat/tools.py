@@ -239,7 +239,12 @@ class MemoryTools:
 
     async def _tool_save(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
         text = _text_argument(arguments, self.settings.memory_max_chars)
-        list_name = as_list_name(arguments.get("list"))
+        raw_list = arguments.get("list")
+        list_name = as_list_name(raw_list)
+        if list_name is None and isinstance(raw_list, list) and "personal" in raw_list and (
+            arguments.get("about_user") not in (None, "") or as_bool(arguments.get("global"))
+        ):  # ["server", "personal"] with a person named, or Global: only a personal memory has those
+            list_name = "personal"
         if list_name not in context.lists:
             raise ToolCallError(f"list must be one of: {', '.join(sorted(context.lists))}")
         memory_list = MemoryList(list_name)
