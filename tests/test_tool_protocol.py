@@ -418,6 +418,10 @@ HOSTILE: list[Any] = [
         id="global-as-a-string",
     ),
     pytest.param("save_memory", {"list": "personal"}, "text is missing", id="text-missing"),
+    # the 0.5B model's "list": ["server"] with a person named: a fact about that person is a personal memory
+    pytest.param(
+        "save_memory", {"text": "Sam works nights", "list": ["server"], "about_user": "Sam"}, None, id="server-naming-a-person"
+    ),
 ]
 
 

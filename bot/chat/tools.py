@@ -245,6 +245,8 @@ class MemoryTools:
             arguments.get("about_user") not in (None, "") or as_bool(arguments.get("global"))
         ):  # ["server", "personal"] with a person named, or Global: only a personal memory has those
             list_name = "personal"
+        if list_name == "server" and "personal" in context.lists and arguments.get("about_user") not in (None, ""):
+            list_name = "personal"  # a fact about one named person is a personal memory, whatever list was written
         if list_name not in context.lists:
             raise ToolCallError(f"list must be one of: {', '.join(sorted(context.lists))}")
         memory_list = MemoryList(list_name)
