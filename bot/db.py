@@ -13,7 +13,8 @@ import logging
 import re
 import subprocess
 import threading
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -302,3 +303,35 @@ class Database:
         await self.pool.close()
         if self.embedded is not None:
             await asyncio.to_thread(self.embedded.stop)
+
+
+@contextlib.asynccontextmanager
+async def throwaway_database(settings: Settings, purpose: str) -> AsyncIterator[Database]:
+    """A new, migrated database on the configured server (DATABASE_URL, or the embedded one under DATA_DIR),
+    dropped afterwards, for `simulate` and `smoke`: they must never write into the bot's own memories."""
+    embedded: EmbeddedServer | None = None
+    if settings.database_url:
+        server_url = settings.database_url
+    else:
+        embedded = EmbeddedServer(settings.data_dir)
+        server_url = await asyncio.to_thread(embedded.start)
+    name = f"deskmate_{purpose.split()[0]}_{uuid.uuid4().hex[:12]}"
+    cache = settings.pg_statement_cache
+    try:
+        try:
+            await ensure_database(server_url, name, statement_cache=cache)
+        except Exception as exc:
+            raise DatabaseError(f"cannot create a throwaway database for the {purpose}: {exc}") from exc
+        try:
+            url = with_database(server_url, name)
+            await apply_migrations(url, statement_cache=cache)
+            pool = await create_pool(url, max_size=4, statement_cache=cache)
+            try:
+                yield Database(url, pool)
+            finally:
+                await pool.close()
+        finally:
+            await drop_database(server_url, name, statement_cache=cache)
+    finally:
+        if embedded is not None:
+            embedded.stop()

@@ -8,7 +8,6 @@ file is checked before anything runs, so a typo on line 40 costs nothing.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -18,14 +17,7 @@ import numpy as np
 
 from bot.config import Settings
 from bot.db import (
-    Database,
-    DatabaseError,
-    EmbeddedServer,
-    apply_migrations,
-    create_pool,
-    drop_database,
-    ensure_database,
-    with_database,
+    throwaway_database,
 )
 from bot.memory.base import NewMemory
 from bot.memory.clock import ManualClock
@@ -328,35 +320,11 @@ async def simulate(
     """Check the scenario, then run it on a throwaway database; raises ScenarioError or DatabaseError."""
     steps = parse_scenario(lines)
     settings, embedder_name = scenario_settings(base_settings, steps)
-    embedded: EmbeddedServer | None = None
-    if settings.database_url:
-        server_url = settings.database_url
-    else:
-        import asyncio
-
-        embedded = EmbeddedServer(settings.data_dir)
-        server_url = await asyncio.to_thread(embedded.start)
-    database = f"deskmate_sim_{uuid.uuid4().hex[:12]}"
-    cache = settings.pg_statement_cache
-    try:
-        try:
-            await ensure_database(server_url, database, statement_cache=cache)
-        except Exception as exc:
-            raise DatabaseError(f"cannot create a throwaway database for the simulation: {exc}") from exc
-        url = with_database(server_url, database)
-        try:
-            await apply_migrations(url, statement_cache=cache)
-            pool = await create_pool(url, max_size=4, statement_cache=cache)
-            try:
-                inner = (builtin or BuiltinEmbedder()) if embedder_name == "builtin" else NoEmbedder()
-                embedder = SwitchableEmbedder(DeadlineEmbedder(inner, max(settings.embedding_timeout_s, 30.0)))
-                clock = ManualClock()
-                async with open_services(settings, database=Database(url, pool), embedder=embedder, clock=clock) as services:
-                    await run_steps(steps, services.core, clock, embedder, emit)
-            finally:
-                await pool.close()
-        finally:
-            await drop_database(server_url, database, statement_cache=cache)
-    finally:
-        if embedded is not None:
-            embedded.stop()
+    inner = (builtin or BuiltinEmbedder()) if embedder_name == "builtin" else NoEmbedder()
+    embedder = SwitchableEmbedder(DeadlineEmbedder(inner, max(settings.embedding_timeout_s, 30.0)))
+    clock = ManualClock()
+    async with (
+        throwaway_database(settings, "simulation") as database,
+        open_services(settings, database=database, embedder=embedder, clock=clock) as services,
+    ):
+        await run_steps(steps, services.core, clock, embedder, emit)

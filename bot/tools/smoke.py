@@ -16,8 +16,7 @@ import json
 import logging
 import re
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -27,16 +26,7 @@ from bot.chat.model import chat_configured
 from bot.chat.receipts import ReplyStatus
 from bot.chat.tools import ToolContext
 from bot.config import Settings
-from bot.db import (
-    Database,
-    DatabaseError,
-    EmbeddedServer,
-    apply_migrations,
-    create_pool,
-    drop_database,
-    ensure_database,
-    with_database,
-)
+from bot.db import Database, throwaway_database
 from bot.memory.clock import ManualClock
 from bot.memory.embeddings import Embedder
 from bot.memory.models import MemoryList
@@ -114,37 +104,6 @@ class TurnReport:
         return "none"
 
 
-@contextlib.asynccontextmanager
-async def throwaway_database(settings: Settings) -> AsyncIterator[Database]:
-    """A new, migrated database on the configured server (DATABASE_URL, or the embedded one under DATA_DIR),
-    dropped afterwards: the smoke test must never write into the bot's own memories."""
-    embedded: EmbeddedServer | None = None
-    if settings.database_url:
-        server_url = settings.database_url
-    else:
-        embedded = EmbeddedServer(settings.data_dir)
-        server_url = await asyncio.to_thread(embedded.start)
-    name = f"deskmate_smoke_{uuid.uuid4().hex[:12]}"
-    try:
-        try:
-            await ensure_database(server_url, name)
-        except Exception as exc:
-            raise DatabaseError(f"cannot create a throwaway database for the smoke test: {exc}") from exc
-        try:
-            url = with_database(server_url, name)
-            await apply_migrations(url)
-            pool = await create_pool(url, max_size=4)
-            try:
-                yield Database(url, pool)
-            finally:
-                await pool.close()
-        finally:
-            await drop_database(server_url, name)
-    finally:
-        if embedded is not None:
-            embedded.stop()
-
-
 def _call_label(name: str, raw_arguments: str | None, result: dict[str, Any]) -> str:
     """A call as the model wrote it and what the tool answered: a refused call (a list name the tool does not
     know, say) goes back to the model only, so without this line a person could not tell why nothing was saved."""
@@ -193,7 +152,7 @@ async def run_smoke(
         return EXIT_NO_MODEL
     async with contextlib.AsyncExitStack() as stack:
         if database is None:
-            database = await stack.enter_async_context(throwaway_database(settings))
+            database = await stack.enter_async_context(throwaway_database(settings, "smoke test"))
         clock = ManualClock()
         services = await stack.enter_async_context(
             open_services(settings, database=database, embedder=embedder, clock=clock, bot_user_id=BOT_USER_ID)
