@@ -143,8 +143,6 @@ class ChatModel:
                 completion = await self.chat_completion(request)
                 reply = completion.choices[0].message
             except Exception as exc:  # any failure of the provider or its answer: apologise, never crash the bot
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
                 log.error(
                     "Chat model %s failed for message %s: %s: %s",
                     self.settings.chat_model,
