@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, unquote_plus
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dotenv import dotenv_values
 
@@ -102,6 +103,30 @@ class Settings:
     document_token_budget: int = 800
     document_max_results: int = 3
     document_max_bytes: int = 262_144
+    # --- channel summaries (empty model / URL / key: the chat model's) ---
+    summary_enabled: bool = True
+    summary_model: str = ""
+    summary_base_url: str = ""
+    summary_api_key: str = ""
+    summary_max_output_tokens: int = 600
+    summary_timeout_s: float = 120.0
+    summary_day_start_hour: int = 4
+    summary_timezone: str = "UTC"
+    summary_weeks: int = 4
+    summary_token_budget: int = 800
+    summary_backfill_days: int = 14
+    summary_part_tokens: int = 6_000
+
+    @property
+    def summary_endpoint(self) -> tuple[str, str, str]:
+        """(base URL, API key, model) of the summary model: each the chat model's unless set.
+
+        The chat key goes along only to the chat model's own endpoint, never to another host.
+        """
+        base_url = self.summary_base_url or self.chat_base_url
+        same_place = not self.summary_base_url or self.summary_base_url == self.chat_base_url
+        api_key = self.summary_api_key or (self.chat_api_key if same_place else "")
+        return base_url, api_key, self.summary_model or self.chat_model
 
     def with_overrides(self, **changes: object) -> Settings:
         """A copy with some fields replaced (used by the simulator's `settings` step)."""
@@ -114,7 +139,7 @@ class Settings:
             shown["embedding_api_key"] = "***"
         if self.database_url:
             shown["database_url"] = redact_url(self.database_url)
-        for secret in ("discord_token", "chat_api_key"):
+        for secret in ("discord_token", "chat_api_key", "summary_api_key"):
             if shown[secret]:
                 shown[secret] = "***"
         return shown
@@ -338,6 +363,7 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         shard_count=_optional_int(merged, "SHARD_COUNT", 1, MAX_SHARDS),
         shard_ids=_id_list(merged, "SHARD_IDS"),
         **_recall_settings(merged, model, default_similarity),
+        **_summary_settings(merged),
     )))
 
 
@@ -451,4 +477,26 @@ def _recall_settings(merged: Mapping[str, str], model: str, default_similarity: 
         "document_token_budget": _int(merged, "DOCUMENT_TOKEN_BUDGET", 800, 0, 100_000),
         "document_max_results": _int(merged, "DOCUMENT_MAX_RESULTS", 3, 1, 20),
         "document_max_bytes": _int(merged, "DOCUMENT_MAX_BYTES", 262_144, 1_024, 8 * 1_048_576),
+    }
+
+
+def _summary_settings(merged: Mapping[str, str]) -> dict[str, object]:
+    zone = _text(merged, "SUMMARY_TIMEZONE", "UTC")
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ConfigError(f"SUMMARY_TIMEZONE must be an IANA time zone such as UTC or Europe/Madrid, got {zone!r}") from exc
+    return {
+        "summary_enabled": _bool(merged, "SUMMARY_ENABLED", True),
+        "summary_model": _text(merged, "SUMMARY_MODEL", ""),
+        "summary_base_url": _http_url(merged, "SUMMARY_BASE_URL"),
+        "summary_api_key": _text(merged, "SUMMARY_API_KEY", ""),
+        "summary_max_output_tokens": _int(merged, "SUMMARY_MAX_OUTPUT_TOKENS", 600, 64, 32_000),
+        "summary_timeout_s": _float(merged, "SUMMARY_TIMEOUT_S", 120.0, 1.0, 3_600.0),
+        "summary_day_start_hour": _int(merged, "SUMMARY_DAY_START_HOUR", 4, 0, 23),
+        "summary_timezone": zone,
+        "summary_weeks": _int(merged, "SUMMARY_WEEKS", 4, 0, 52),
+        "summary_token_budget": _int(merged, "SUMMARY_TOKEN_BUDGET", 800, 0, 100_000),
+        "summary_backfill_days": _int(merged, "SUMMARY_BACKFILL_DAYS", 14, 1, 365),
+        "summary_part_tokens": _int(merged, "SUMMARY_PART_TOKENS", 6_000, 500, 1_000_000),
     }

@@ -37,6 +37,8 @@ from bot.memory.embeddings import BuiltinEmbedder, Embedder, create_embedder
 from bot.memory.manage import USER_DATA_FORMAT, USER_DATA_VERSION, MemoryManager
 from bot.memory.recall import MemoryCore
 from bot.servers.service import Servers
+from bot.summaries.service import ChannelSummaries
+from bot.summaries.writer import SummaryWriter
 from bot.upkeep import Upkeep
 
 
@@ -54,6 +56,7 @@ class Services:
     model: ChatModel
     pipeline: ReplyPipeline
     chat: ChatService
+    summaries: ChannelSummaries
 
     # --- requests that span several owners: one transaction each ---
 
@@ -61,21 +64,23 @@ class Services:
         """A deleted channel or thread: its chunks and history switch, then its messages and receipts."""
         async with self.database.pool.acquire() as conn, conn.transaction():
             await self.history.forget_channel(conn, channel_id)
+            await self.summaries.forget_channel(conn, channel_id)
             return await self.chat_log.forget_channel(conn, channel_id)
 
     async def forget_guild(self, guild_id: int) -> dict[str, int]:
         """The bot left a server: its stored messages, chunks and receipts go (memories, documents, settings stay)."""
         async with self.database.pool.acquire() as conn, conn.transaction():
             history = await self.history.forget_guild(conn, guild_id)
+            summaries = await self.summaries.forget_guild(conn, guild_id)
             chat = await self.chat_log.forget_guild(conn, guild_id)
         return {"chat_messages": chat["chat_messages"], "history_chunks": history["history_chunks"],
-                "receipts": chat["receipts"], "history_channels": history["history_channels"]}
+                "receipts": chat["receipts"], "history_channels": history["history_channels"], **summaries}
 
     async def delete_user_data(self, user_id: int) -> dict[str, int]:
         """Delete-my-data: every owner forgets the user, in one transaction (all of it, or nothing)."""
         counts: dict[str, int] = {}
         async with self.database.pool.acquire() as conn, conn.transaction():
-            for owner in (self.core, self.servers, self.documents, self.chat_log):
+            for owner in (self.core, self.servers, self.documents, self.summaries, self.chat_log):
                 counts |= await owner.forget_user(conn, user_id)
         return counts
 
@@ -114,6 +119,7 @@ def build_services(
     *,
     chat_client: openai.AsyncOpenAI | None = None,
     bot_user_id: int | None = None,
+    summary_client: openai.AsyncOpenAI | None = None,
 ) -> Services:
     """Every service around a memory core (no I/O: `open_services` opens and closes around it).
 
@@ -126,7 +132,10 @@ def build_services(
     documents = DocumentLibrary(core)
     sources: list[TailSource] = [ChatHistorySource(history), DocumentSource(documents)]
     model = ChatModel(settings, MemoryTools(core, settings), chat_client)
-    pipeline = ReplyPipeline(core, chat_log, model, sources, bot_user_id=bot_user_id)
+    summaries = ChannelSummaries(
+        database.pool, settings, core.clock, chat_log, core.servers, SummaryWriter(settings, summary_client)
+    )
+    pipeline = ReplyPipeline(core, chat_log, model, sources, bot_user_id=bot_user_id, summaries=summaries)
     return Services(
         settings=settings,
         database=database,
@@ -139,7 +148,8 @@ def build_services(
         upkeep=Upkeep(core, history, documents),
         model=model,
         pipeline=pipeline,
-        chat=ChatService(pipeline, chat_log, core.servers, settings),
+        chat=ChatService(pipeline, chat_log, core.servers, settings, summaries),
+        summaries=summaries,
     )
 
 
@@ -163,5 +173,6 @@ async def open_services(
         core = MemoryCore(database.pool, embedder, settings, clock, servers=Servers(database.pool, settings))
         services = build_services(core, database, chat_client=chat_client, bot_user_id=bot_user_id)
         stack.push_async_callback(services.model.close)
+        stack.push_async_callback(services.summaries.close)
         await services.servers.sync_default_persona()
         yield services

@@ -60,8 +60,9 @@ class Privacy(commands.GroupCog, group_name="privacy", group_description="What t
         async def confirmed(_: discord.Interaction) -> str:
             counts = await services.delete_user_data(user_id)
             return (
-                f"Deleted {counts['personal_memories']} personal memories, your settings and {counts['chat_messages']} stored "
-                f"messages, in every server and DM. {counts['authored_server_memories']} server memories you added stay "
+                f"Deleted {counts['personal_memories']} personal memories, your settings, {counts['chat_messages']} stored "
+                f"messages and {counts['summaries']} channel summaries built from them (they are written again without you), "
+                f"in every server and DM. {counts['authored_server_memories']} server memories you added stay "
                 "(they belong to their servers) but no longer name you."
             )
 

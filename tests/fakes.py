@@ -19,10 +19,15 @@ import json
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from aiohttp import web
+
+from bot.summaries.writer import COMBINE_INSTRUCTIONS, DAY_INSTRUCTIONS, WEEK_INSTRUCTIONS
+
+SUMMARY_INSTRUCTIONS = (DAY_INSTRUCTIONS, COMBINE_INSTRUCTIONS, WEEK_INSTRUCTIONS)
 
 
 async def serve_locally(app: web.Application, **runner_options: Any) -> tuple[web.AppRunner, int]:
@@ -67,8 +72,19 @@ class ScriptStep:
 
 
 class FakeChatServer:
-    def __init__(self, default_text: str = "ok") -> None:
+    def __init__(
+        self,
+        default_text: str = "ok",
+        responder: Callable[[dict[str, Any]], str] | None = None,
+        *,
+        summaries_aside: bool = True,
+    ) -> None:
         self.default_text = default_text
+        self.responder = responder  # with the script empty: the answer's text made from the request body
+        # Channel summaries default to the chat endpoint and run in the background: unless a test serves them
+        # on their own server, they are answered aside (`summary_requests`), never from the script.
+        self.summaries_aside = summaries_aside
+        self.summary_requests: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
         self.script: deque[ScriptStep] = deque()
         self.in_flight = 0
@@ -130,8 +146,14 @@ class FakeChatServer:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if self.summaries_aside and is_summary_request(body):
+            self.summary_requests.append(body)
+            return self._completion(body, {"role": "assistant", "content": plain_summary(body)}, "stop")
         self.requests.append(body)
-        step = self.script.popleft() if self.script else ScriptStep("text", text=self.default_text)
+        if self.script:
+            step = self.script.popleft()
+        else:
+            step = ScriptStep("text", text=self.responder(body) if self.responder else self.default_text)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
@@ -152,16 +174,30 @@ class FakeChatServer:
                 {"id": f"call_{next(self._ids)}", "type": "function", "function": {"name": name, "arguments": arguments}}
                 for name, arguments in step.calls
             ]
+        return self._completion(body, message, "tool_calls" if step.kind == "tools" else "stop")
+
+    def _completion(self, body: dict[str, Any], message: dict[str, Any], finish_reason: str) -> web.Response:
         return web.json_response(
             {
                 "id": f"chatcmpl-{next(self._ids)}",
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": body.get("model", "fake"),
-                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if step.kind == "tools" else "stop"}],
+                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
             }
         )
+
+
+def is_summary_request(body: dict[str, Any]) -> bool:
+    messages = body.get("messages") or [{}]
+    return str(messages[0].get("content") or "") in SUMMARY_INSTRUCTIONS
+
+
+def plain_summary(body: dict[str, Any]) -> str:
+    """A summary model's JSON answer made from the request: the lines it was sent, joined."""
+    lines = str(body["messages"][-1]["content"]).split("\n\n", 1)[-1].splitlines()
+    return json.dumps({"summary": " | ".join(lines)[:500], "key_details": []})
 
 
 @dataclass

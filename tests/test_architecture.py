@@ -25,7 +25,7 @@ POOL_HOLDERS = {
     "bot.db", "bot.services", "bot.item_vectors", "bot.servers.service", "bot.chat.log",
     "bot.history.service", "bot.documents.service",
 }
-POOL_HOLDER_PACKAGES = ("bot.memory.",)
+POOL_HOLDER_PACKAGES = ("bot.memory.", "bot.summaries.")
 DISCORD_ADAPTERS = {"bot.bot", "bot.tools.commands_doc"}
 BELOW_THE_CORE = (
     "bot.memory", "bot.servers", "bot.config", "bot.db", "bot.errors", "bot.tokens", "bot.redact", "bot.ids", "bot.failures",

@@ -291,8 +291,8 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
     own_acquisitions = counting.acquisitions - acquisitions - searched[0][1]
     assert outcome.status == ReplyStatus.REPLIED
     # the chat log's two on one connection (the message and names; the window, names and previous head), the
-    # servers' one at the same time (persona, lore, settings), then the receipt
-    assert (own_statements, own_acquisitions) == (4, 3), counting.statements[statements:]
+    # servers' one and the channel's summaries at the same time (persona, lore, settings; summaries), then the receipt
+    assert (own_statements, own_acquisitions) == (5, 4), counting.statements[statements:]
     # the window: the last context_messages up to the answered one, without it; the names as just given
     assert [m["content"] for m in chat.messages()[1:-1]] == ["Rin (user 103): three", "Juno (user 101): warming up"]
     assert "Juno the Great (user 101): hey" in chat.messages()[-1]["content"]

@@ -49,6 +49,9 @@ async def test_a_call_written_as_text_is_saved_and_the_verdict_is_pass(
     assert "#1 [personal, about Juno] Juno's cat is called Mochi" in out
     assert '"arguments"' not in out
     assert len(chat.requests) == 5  # the tool round and its answer, then one request per turn
+    # the last turn is a day later: its message rolled the day over, and the first day was summarised
+    assert len(chat.summary_requests) == 1 and "Chat of Thu 2026-01-01" in chat.summary_requests[0]["messages"][1]["content"]
+    assert "Day summary of Thu 2026-01-01 (" in out and "Juno: Hi! I'm Juno." in out
     last = chat.messages()
     assert any(m["role"] == "assistant" and m["content"] == "Paris." for m in last)  # the bot's replies were recorded
 

@@ -9,7 +9,7 @@ were taken back.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import asyncpg
@@ -45,6 +45,7 @@ class ChatLog:
             mention_ids=[user.id for user in message.mentions],
             created_at=message.created_at,
             names=names,
+            parent_channel_id=message.parent_channel_id,
         )
 
     async def record_and_read_window(
@@ -85,6 +86,23 @@ class ChatLog:
         """Deleted messages (and the history chunks they were part of)."""
         async with self.pool.acquire() as conn:
             return await store.delete_chat_messages(conn, channel_id, message_ids)
+
+    # --- what the channel summaries read ---
+
+    async def chat_days(self, channel_id: int, since: datetime, until: datetime, zone: str, day_start_hour: int) -> list[date]:
+        """The chat days with messages in a channel (its threads included), between two instants."""
+        async with self.pool.acquire() as conn:
+            return await store.chat_days(conn, channel_id, since, until, zone, day_start_hour)
+
+    async def messages_between(self, channel_id: int, since: datetime, until: datetime) -> list[dict[str, Any]]:
+        """A channel's messages (its threads' included) in a time range, oldest first."""
+        async with self.pool.acquire() as conn:
+            return [dict(row) for row in await store.messages_between(conn, channel_id, since, until)]
+
+    async def channels_with_messages(self, since: datetime) -> list[tuple[int, int | None]]:
+        """(channel, server) of every channel with messages since `since` (threads counted with their parent)."""
+        async with self.pool.acquire() as conn:
+            return [(row["channel_id"], row["guild_id"]) for row in await store.channels_with_messages(conn, since)]
 
     # --- receipts ---
 

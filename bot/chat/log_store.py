@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 import asyncpg
@@ -17,7 +17,8 @@ import asyncpg
 from bot.db import Connection
 
 CHAT_MESSAGE_COLUMNS = (
-    "channel_id, message_id, guild_id, author_id, author_name, is_bot, text, reply_to, mention_ids, created_at, edited_at"
+    "channel_id, message_id, guild_id, author_id, author_name, is_bot, text, reply_to, mention_ids, created_at, edited_at,"
+    " parent_channel_id"
 )
 
 
@@ -35,6 +36,7 @@ async def record_chat_message(
     mention_ids: Sequence[int],
     created_at: datetime,
     names: Mapping[int, str] | None = None,
+    parent_channel_id: int | None = None,
 ) -> bool:
     """Store a message once; a second delivery (gateway resume, history backfill) changes nothing.
 
@@ -48,7 +50,7 @@ async def record_chat_message(
         await conn.fetchval(
             "WITH message AS ("
             f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS})"
-            "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL) ON CONFLICT (channel_id, message_id) DO NOTHING"
+            "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $13) ON CONFLICT (channel_id, message_id) DO NOTHING"
             "   RETURNING 1"
             "), named AS ("
             "  INSERT INTO chat_users (user_id, name)"
@@ -68,6 +70,7 @@ async def record_chat_message(
             created_at,
             ids,
             [given[user_id] for user_id in ids],
+            parent_channel_id if parent_channel_id != channel_id else None,
         )
     )
 
@@ -254,4 +257,37 @@ async def save_reply_receipt(
         json.dumps(receipt, ensure_ascii=False),
         created_at,
         RECEIPTS_KEPT_PER_CHANNEL - 2,
+    )
+
+
+# --- what the channel summaries read (a thread's messages count with its parent's) ---
+
+SUMMARY_CHANNEL = "coalesce(parent_channel_id, channel_id)"
+
+
+async def chat_days(
+    conn: Connection, channel_id: int, since: datetime, until: datetime, zone: str, day_start_hour: int
+) -> list[date]:
+    """The chat days (local dates, a day starting at `day_start_hour` in `zone`) on which the channel has messages."""
+    rows = await conn.fetch(
+        f"SELECT DISTINCT ((created_at AT TIME ZONE $4) - make_interval(hours => $5))::date AS day FROM chat_messages"
+        f" WHERE {SUMMARY_CHANNEL} = $1 AND created_at >= $2 AND created_at < $3 ORDER BY day",
+        channel_id, since, until, zone, day_start_hour,
+    )
+    return [row["day"] for row in rows]
+
+
+async def messages_between(conn: Connection, channel_id: int, since: datetime, until: datetime) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        f"SELECT channel_id, message_id, author_id, author_name, is_bot, text, created_at FROM chat_messages"
+        f" WHERE {SUMMARY_CHANNEL} = $1 AND created_at >= $2 AND created_at < $3 ORDER BY created_at, message_id",
+        channel_id, since, until,
+    )
+
+
+async def channels_with_messages(conn: Connection, since: datetime) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        f"SELECT {SUMMARY_CHANNEL} AS channel_id, max(guild_id) AS guild_id FROM chat_messages"
+        " WHERE created_at >= $1 GROUP BY 1 ORDER BY 1",
+        since,
     )

@@ -59,6 +59,12 @@ class _Rounds:
     rounds: int = 0
 
 
+def output_limit_name(base_url: str) -> str:
+    """OpenAI's own API wants max_completion_tokens; compatible servers widely take max_tokens."""
+    host = urlparse(base_url).hostname if base_url else "api.openai.com"
+    return "max_completion_tokens" if host == "api.openai.com" else "max_tokens"
+
+
 def chat_configured(settings: Settings) -> bool:
     """A chat model is usable when it is named and there is somewhere to send it (a base URL or an OpenAI key)."""
     return bool(settings.chat_model) and bool(settings.chat_base_url or settings.chat_api_key)
@@ -99,12 +105,10 @@ class ChatModel:
 
     def _completion_kwargs(self) -> dict[str, Any]:
         """OpenAI's own API wants max_completion_tokens; compatible servers widely take max_tokens."""
-        host = urlparse(self.settings.chat_base_url).hostname if self.settings.chat_base_url else "api.openai.com"
-        limit_name = "max_completion_tokens" if host == "api.openai.com" else "max_tokens"
         return {
             "model": self.settings.chat_model,
             "temperature": self.settings.chat_temperature,
-            limit_name: self.settings.chat_max_output_tokens,
+            output_limit_name(self.settings.chat_base_url): self.settings.chat_max_output_tokens,
         }
 
     async def converse(self, prompt: Prompt, tools: list[dict[str, Any]], context: ToolContext) -> tuple[str, int, str | None]:

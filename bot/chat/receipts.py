@@ -72,6 +72,7 @@ class Receipt:
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)  # per tail source: title, items, note, detail
     tail_tokens: dict[str, int] = field(default_factory=dict)  # tail tokens per kind
     nothing_added_because: str | None = None  # nothing recalled at all (memories, history, documents): why
+    summaries: list[dict[str, Any]] = field(default_factory=list)  # channel summaries in the head: key, period, tokens
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -110,6 +111,8 @@ class Receipt:
                 lines.append(f"{title}: nothing ({report['note']})")
         if self.nothing_added_because:
             lines.append(f"nothing was recalled for this reply: {self.nothing_added_because}")
+        if self.summaries:
+            lines.append("channel summaries: " + ", ".join(f"{s['period']} ({s['tokens']} tokens)" for s in self.summaries))
         if self.dropped:
             lines.append("left out: " + ", ".join(f"{item['key']} ({item['reason']})" for item in self.dropped))
         parts = token_parts(self.tokens)
@@ -136,7 +139,7 @@ def tail_item_label(item: dict[str, Any]) -> str:
 
 def token_parts(tokens: dict[str, int]) -> str:
     """Token counts in prompt order (a receipt read back from jsonb has its keys reordered)."""
-    order = ("system", "server_memories", "personal_memories", "history", "tail", "answered", "tools")
+    order = ("system", "server_memories", "personal_memories", "summaries", "history", "tail", "answered", "tools")
     return ", ".join(f"{name.replace('_', ' ')} {tokens[name]}" for name in order if name in tokens)
 
 
@@ -196,6 +199,7 @@ def build_receipt(
         model=model,
         changes=[change.as_dict() for change in changes],
         error=error,
+        summaries=[{"key": s.key, "period": s.period, "tokens": tokens} for s, tokens in prompt.summaries] if prompt else [],
         **_receipt_tail(recall, prompt, recalled, dict(sources or {})),
     )
 

@@ -24,13 +24,23 @@ from bot.chat.messages import IncomingMessage
 from bot.chat.model import ChatModel
 from bot.chat.notices import MemoryChange, Notices, build_notices, what_was_done
 from bot.chat.receipts import Receipt, ReplyStatus, build_receipt, dry_run_text
-from bot.chat.sources import TailSource
+from bot.chat.sources import SummarySource, TailSource
 from bot.chat.tools import MemoryTools, ToolContext
 from bot.config import Settings
 from bot.memory.models import Conversation, Recall
 from bot.memory.recall import MemoryCore
 from bot.outgoing import neutralize_broadcasts, neutralize_mentions, split_message
-from bot.prompt import ChatLine, Persona, Prompt, PromptInput, PromptTooLarge, TailItem, build_prompt, recalled_item
+from bot.prompt import (
+    ChatLine,
+    HeadSummary,
+    Persona,
+    Prompt,
+    PromptInput,
+    PromptTooLarge,
+    TailItem,
+    build_prompt,
+    recalled_item,
+)
 from bot.servers.service import Servers
 from bot.tokens import count_tokens
 
@@ -68,6 +78,7 @@ class ReplyPipeline:
         sources: Sequence[TailSource] = (),
         *,
         bot_user_id: int | None = None,
+        summaries: SummarySource | None = None,
     ) -> None:
         self.core = core
         self.servers: Servers = core.servers
@@ -76,6 +87,7 @@ class ReplyPipeline:
         self.tools: MemoryTools = model.tools
         self.settings: Settings = core.settings
         self.sources = list(sources)
+        self.summaries = summaries
         self.bot_user_id = bot_user_id  # the adapter sets it once it knows who it is logged in as
         self._locks: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -107,9 +119,10 @@ class ReplyPipeline:
         # if written one after the other) and reads the window; the servers' settings give persona, lore and
         # the server's settings. Nothing read here is cached between replies.
         given_names = {message.author_id: message.author_name} | {user.id: user.name for user in message.mentions}
-        log_part, settings_part = await asyncio.gather(
+        log_part, settings_part, summaries = await asyncio.gather(
             self.chat_log.record_and_read_window(message, names=given_names, context_messages=settings.context_messages),
             self.servers.prompt_settings(persona_id, message.guild_id),
+            self._summaries(message),
         )
         context = {**log_part, **settings_part}
         window = [self._chat_line(row) for row in context["window"]]
@@ -167,6 +180,8 @@ class ReplyPipeline:
                     output_tokens=settings.chat_max_output_tokens,
                     memory_budget=settings.memory_token_budget,
                     tools_tokens=count_tokens(json.dumps(tools)) if tools else 0,
+                    summaries=summaries,
+                    summary_budget=settings.summary_token_budget,
                 )
             )
         except PromptTooLarge as exc:
@@ -240,6 +255,16 @@ class ReplyPipeline:
             recall=recall,
             error=error,
         )
+
+    async def _summaries(self, message: IncomingMessage) -> list[HeadSummary]:
+        """The channel's summaries for the head; a failure to read them is logged and costs the reply nothing else."""
+        if self.summaries is None:
+            return []
+        try:
+            return await self.summaries.for_prompt(message.memory_channel_id, message.guild_id)
+        except Exception:
+            log.exception("Reading the summaries of channel %s failed; answering without them", message.memory_channel_id)
+            return []
 
     async def _extra_tail(self, message: IncomingMessage, recall: Recall) -> tuple[list[TailItem], dict[str, dict[str, Any]]]:
         """Items from the registered tail sources, and what each `TailReport` tells the receipt.

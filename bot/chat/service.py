@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
+from typing import Protocol
 
 from bot.chat.log import ChatLog
 from bot.chat.messages import IncomingMessage
@@ -22,16 +23,30 @@ from bot.servers.service import Servers
 
 log = logging.getLogger(__name__)
 
+class DayWatch(Protocol):
+    """Told of every message, so work due once a chat day (the summaries) starts with the day's first one."""
+
+    def saw(self, channel_id: int, guild_id: int | None) -> None: ...
+
+
 OlderMessages = Callable[[int], Awaitable[Sequence[IncomingMessage]]]
 """Reads up to N messages before the current one, oldest first (the adapter's channel history)."""
 
 
 class ChatService:
-    def __init__(self, pipeline: ReplyPipeline, chat_log: ChatLog, servers: Servers, settings: Settings) -> None:
+    def __init__(
+        self,
+        pipeline: ReplyPipeline,
+        chat_log: ChatLog,
+        servers: Servers,
+        settings: Settings,
+        day_watch: DayWatch | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.chat_log = chat_log
         self.servers = servers
         self.settings = settings
+        self.day_watch = day_watch
 
     @property
     def bot_user_id(self) -> int | None:
@@ -56,10 +71,19 @@ class ChatService:
         trigger = await self.trigger(incoming, mentions_bot=mentions_bot, replies_to_bot=replies_to_bot)
         if trigger is None:
             await self.chat_log.record(incoming)
+            self._saw(incoming)
             return None
         log.debug("Answering message %s (%s)", incoming.message_id, trigger.value)
         async with while_replying() if while_replying is not None else contextlib.nullcontext():
-            return await self.pipeline.reply(incoming)  # records the message, with the names it brings
+            outcome = await self.pipeline.reply(incoming)  # records the message, with the names it brings
+        self._saw(incoming)
+        return outcome
+
+    def _saw(self, incoming: IncomingMessage) -> None:
+        """The first message of a chat day starts the channel's summaries in the background, once it is stored
+        and answered: a model server with one slot then never makes this reply wait behind a summary."""
+        if self.day_watch is not None:
+            self.day_watch.saw(incoming.memory_channel_id, incoming.guild_id)
 
     async def backfill(self, older: OlderMessages) -> int:
         """First message the bot sees in a channel: store its recent history once, so the window is not empty."""

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from bot.chat.messages import IncomingMessage
 from bot.memory.models import Recall
-from bot.prompt import TailItem
+from bot.prompt import HeadSummary, TailItem
 from bot.tokens import count_tokens, encoding
 
 
@@ -50,6 +50,12 @@ class TailSource(Protocol):
     part: str
 
     async def find(self, message: IncomingMessage, recall: Recall) -> TailReport: ...
+
+
+class SummarySource(Protocol):
+    """What puts a channel's summaries into the prompt head: read once per reply, before the search."""
+
+    async def for_prompt(self, channel_id: int, guild_id: int | None) -> list[HeadSummary]: ...
 
 
 MIN_CUT_TOKENS = 24  # a cut piece shorter than this says too little to be worth its tokens

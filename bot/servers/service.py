@@ -129,6 +129,13 @@ class Servers:
         async with self._using(conn) as using:
             return await store.is_blocked(using, guild_id, user_id)
 
+    async def kept_out_of_summaries(self, guild_id: int | None, user_ids: Sequence[int]) -> set[int]:
+        """Of `user_ids`, those whose words no summary may carry: blocked in this server, or privacy `full`."""
+        if not user_ids:
+            return set()
+        async with self.pool.acquire() as conn:
+            return await store.blocked_or_fully_private(conn, guild_id, user_ids)
+
     async def set_blocked(self, guild_id: int, user_id: int, blocked: bool) -> None:
         async with self.pool.acquire() as conn:
             await store.set_blocked(conn, guild_id, user_id, blocked)

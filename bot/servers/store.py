@@ -54,6 +54,15 @@ async def is_blocked(conn: Connection, guild_id: int, user_id: int) -> bool:
     )
 
 
+async def blocked_or_fully_private(conn: Connection, guild_id: int | None, user_ids: Sequence[int]) -> set[int]:
+    rows = await conn.fetch(
+        "SELECT user_id FROM user_settings WHERE privacy = 'full' AND user_id = ANY ($2::bigint[])"
+        " UNION SELECT user_id FROM guild_blocklist WHERE guild_id = $1 AND user_id = ANY ($2::bigint[])",
+        guild_id, list(user_ids),
+    )
+    return {row["user_id"] for row in rows}
+
+
 async def set_blocked(conn: Connection, guild_id: int, user_id: int, blocked: bool) -> None:
     if blocked:
         await conn.execute(

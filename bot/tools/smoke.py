@@ -221,6 +221,7 @@ async def run_smoke(
             reports.append(report)
             _emit_turn(report, emit)
 
+        await _emit_day_summaries(services, emit)
         memories = await services.core.all_memories()
         emit("")
         emit(f"Memories stored: {len(memories)}")
@@ -246,6 +247,27 @@ async def run_smoke(
         emit(f"PASS: a personal memory of {JUNO} mentions Mochi and no reply contained tool JSON ({summary})")
         return EXIT_PASS
     raise AssertionError("unreachable")  # pragma: no cover - the exit stack never swallows the return
+
+
+async def _emit_day_summaries(services: Services, emit: Callable[[str], None]) -> None:
+    """The last turn is a day later, so its message rolled the chat day over and the summary model summarised the
+    first day in the background: wait for it and show what it wrote (informational: not part of the verdict)."""
+    await services.summaries.settle()
+    emit("")
+    if not services.summaries.active:
+        emit("Day summary: summaries are off (SUMMARY_ENABLED=false)")
+        return
+    entries = [entry for entry in await services.summaries.overview(CHANNEL_ID) if entry.summary is not None]
+    if not entries:
+        emit("Day summary: none was written")
+    for entry in entries:
+        summary = entry.summary
+        assert summary is not None
+        emit(f"Day summary of {summary.period} ({entry.state}, by {summary.model or '?'}): {summary.summary}")
+        if summary.last_error:
+            emit(f"  failed: {summary.last_error}")
+        for detail in summary.key_details:
+            emit(f"  key detail: {detail}")
 
 
 def _emit_turn(report: TurnReport, emit: Callable[[str], None]) -> None:

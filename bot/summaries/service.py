@@ -1,0 +1,142 @@
+"""Channel summaries, what the rest of Deskmate asks of them: the prompt's summaries, the commands, forgetting.
+
+The writing (day rollovers, backfills, folding weeks) is `bot.summaries.work.SummaryWork`, which this
+class extends; the module docstring there says how summaries are made and kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import date, timedelta
+
+from bot.db import Connection
+from bot.errors import InvalidInput, NotAllowed, NotFound
+from bot.prompt import HeadSummary, quoted
+from bot.summaries import store
+from bot.summaries.models import Kind, OverviewEntry, Status, Summary
+from bot.summaries.work import SummaryWork
+from bot.summaries.writer import MAX_KEY_DETAILS, MAX_SUMMARY_CHARS
+from bot.tokens import count_tokens
+
+
+class ChannelSummaries(SummaryWork):
+    # --- the prompt ---
+
+    async def for_prompt(self, channel_id: int, guild_id: int | None) -> list[HeadSummary]:
+        """This channel's summaries for the prompt head, oldest first: the last SUMMARY_WEEKS weeks, then the days since."""
+        if not self.settings.summary_enabled or self.settings.summary_token_budget == 0:
+            return []
+        today = self.today()
+        monday = self.calendar.week_of(today)
+        scopes = [channel_id, *([guild_id] if guild_id else [])]
+        async with self.pool.acquire() as conn:
+            found = await store.prompt_summaries(
+                conn, channel_id, scopes, self.settings.summary_weeks, monday - timedelta(days=7), today
+            )
+        return [head_summary(s) for s in found]
+
+    # --- commands ---
+
+    async def is_enabled(self, channel_id: int, guild_id: int | None) -> bool:
+        if not self.active:
+            return False
+        async with self.pool.acquire() as conn:
+            return await store.switch_for(conn, [channel_id, *([guild_id] if guild_id else [])]) is not False
+
+    async def set_enabled(self, scope_id: int, guild_id: int | None, enabled: bool) -> None:
+        """Summaries on or off for a server (scope_id = its id) or one channel."""
+        async with self.pool.acquire() as conn:
+            await store.set_switch(conn, scope_id, guild_id, enabled)
+
+    async def overview(self, channel_id: int) -> list[OverviewEntry]:
+        """Weeks, then the days not folded into a week, then past chat days with no summary yet: newest first in each."""
+        today = self.today()
+        first = today - timedelta(days=self.settings.summary_backfill_days)
+        known = await self._summaries_since(channel_id, date.min)
+        chat_days = await self._chat_days(channel_id, first, today)
+        entries = [
+            OverviewEntry(s.kind, s.period_start, s, count_tokens(head_summary(s).line) if s.status == Status.READY else 0)
+            for s in known.values()
+            if s.kind == Kind.WEEK or s.folded_into is None
+        ]
+        entries += [OverviewEntry(Kind.DAY, day, None) for day in chat_days if (Kind.DAY, day) not in known]
+        return sorted(entries, key=lambda e: (e.kind != Kind.WEEK, e.period_start), reverse=False)
+
+    async def get(self, channel_id: int, summary_id: int) -> Summary:
+        async with self.pool.acquire() as conn:
+            found = await store.get_summary(conn, summary_id)
+        if found is None or found.channel_id != channel_id:
+            raise NotFound(f"there is no summary #{summary_id} in this channel")
+        return found
+
+    async def edit(self, channel_id: int, summary_id: int, text: str, key_details: Sequence[str], by: int) -> Summary:
+        """An admin's own text: kept as it is, never overwritten by a regeneration."""
+        await self.get(channel_id, summary_id)
+        text = text.strip()
+        details = [" ".join(line.split()) for line in key_details if line.strip()]
+        if not text:
+            raise InvalidInput("a summary cannot be empty: delete it instead")
+        if len(text) > MAX_SUMMARY_CHARS or len(details) > MAX_KEY_DETAILS * 2:
+            raise InvalidInput(f"a summary holds at most {MAX_SUMMARY_CHARS} characters and {MAX_KEY_DETAILS * 2} key details")
+        async with self.pool.acquire() as conn:
+            edited = await store.edit_summary(conn, summary_id, text, details, by, self.clock.now())
+        if edited is None:
+            raise NotFound(f"there is no summary #{summary_id} in this channel")
+        return edited
+
+    async def delete(self, channel_id: int, summary_id: int) -> Summary:
+        """Out of the prompt, and not summarised again by itself (`regenerate` writes it anew)."""
+        found = await self.get(channel_id, summary_id)
+        async with self.pool.acquire() as conn:
+            await store.mark_deleted(conn, summary_id, self.clock.now())
+        return found
+
+    async def regenerate(self, channel_id: int, guild_id: int | None, summary_id: int) -> Summary:
+        """Write one summary again from its messages (a week: from its days). An edited one is kept, and the refusal says so."""
+        found = await self.get(channel_id, summary_id)
+        if found.edited:
+            raise NotAllowed(
+                f"summary #{summary_id} ({found.period}) was edited by hand, so it is never overwritten; "
+                "delete it first to have it written again"
+            )
+        if not self.active:
+            raise NotAllowed("summaries are off here, or no summary model is configured (SUMMARY_MODEL or CHAT_MODEL)")
+        today = self.today()
+        async with self._locks.setdefault(channel_id, asyncio.Lock()):
+            if found.kind == Kind.DAY:  # a deleted or missing day is written anew like any other
+                return await self._summarise_day(channel_id, guild_id, found.period_start, today)
+            days = [
+                s for (kind, start), s in (await self._summaries_since(channel_id, found.period_start)).items()
+                if kind == Kind.DAY and start < found.period_start + timedelta(days=7) and s.status == Status.READY
+            ]
+            if not days:
+                raise NotFound(f"the days of {found.period} have no summaries to fold")
+            week = await self._write_week(channel_id, guild_id, found.period_start, days, today)
+            if week.status == Status.READY:
+                async with self.pool.acquire() as conn:
+                    await store.fold_days(conn, week.id, [s.id for s in days])
+            return week
+
+    async def channels_to_backfill(self, days: int) -> list[tuple[int, int | None]]:
+        """Every channel with messages in the last `days` chat days (for `python -m bot summarize --backfill`)."""
+        return await self.chat_log.channels_with_messages(self.calendar.start_of(self.today() - timedelta(days=days)))
+
+    # --- forgetting (parts of one transaction the caller owns) ---
+
+    async def forget_channel(self, conn: Connection, channel_id: int) -> dict[str, int]:
+        return {"summaries": await store.forget_channel(conn, channel_id)}
+
+    async def forget_guild(self, conn: Connection, guild_id: int) -> dict[str, int]:
+        return {"summaries": await store.forget_guild(conn, guild_id)}
+
+    async def forget_user(self, conn: Connection, user_id: int) -> dict[str, int]:
+        """Every summary built from the user's messages; their days are summarised again, without them, at the next rollover."""
+        return {"summaries": await store.forget_author(conn, user_id)}
+
+
+def head_summary(summary: Summary) -> HeadSummary:
+    shown: dict[str, object] = {summary.kind.value: summary.period, "summary": summary.summary}
+    if summary.key_details:
+        shown["key_details"] = list(summary.key_details)
+    return HeadSummary(key=f"summary:{summary.id}", period=summary.period, line=quoted(shown))

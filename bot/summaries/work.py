@@ -1,0 +1,276 @@
+"""Channel summaries, the writing half: what each channel talked about on its past chat days and weeks.
+
+The context window holds the last messages and chat-history recall brings back a few matching
+chunks; summaries carry the rest. When a channel's chat day ends (the first message seen after the
+rollover, SUMMARY_DAY_START_HOUR in SUMMARY_TIMEZONE), a background task summarises the channel's
+finished days that have no summary yet (threads count with their parent), then folds each finished
+week whose days are all summarised into one week summary. A reply never waits for it: the prompt
+reads what is stored. The prompt carries the last SUMMARY_WEEKS week summaries and the days since,
+in its stable head, so they change at most once a chat day.
+
+What is summarised leaves out blocked people and people with privacy `full`; delete-my-data deletes
+every summary built from a person's messages (the day is summarised again without them at the next
+rollover). An edited or deleted message makes its day stale, regenerated at the next rollover. A failed
+summary call leaves the day missing, retried at later rollovers with a growing wait (1, 2, 4, 8 days),
+while it is within SUMMARY_BACKFILL_DAYS; the messages stay stored, so nothing is lost. An edited
+summary is never overwritten.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import date, timedelta
+from typing import Any
+
+import asyncpg
+
+from bot.chat.log import ChatLog
+from bot.config import Settings
+from bot.memory.clock import Clock
+from bot.servers.service import Servers
+from bot.summaries import store
+from bot.summaries.models import BackfillProgress, ChatCalendar, Kind, Status, Summary, period_label
+from bot.summaries.writer import SummaryFailed, SummaryWriter, Written
+
+log = logging.getLogger(__name__)
+
+MAX_LINE_CHARS = 1_500  # of one message in a transcript: a pasted wall of text says little more after that
+MAX_WAIT_DAYS = 8
+
+Progress = Callable[[BackfillProgress], Awaitable[None] | None]
+
+
+class SummaryWork:
+    """Writing summaries: the background catch-up after a day rollover, backfills, and folding weeks."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        settings: Settings,
+        clock: Clock,
+        chat_log: ChatLog,
+        servers: Servers,
+        writer: SummaryWriter | None = None,
+    ) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.clock = clock
+        self.chat_log = chat_log
+        self.servers = servers
+        self.writer = writer or SummaryWriter(settings)
+        self.calendar = ChatCalendar(settings.summary_timezone, settings.summary_day_start_hour)
+        self._seen_day: dict[int, date] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def active(self) -> bool:
+        return self.settings.summary_enabled and self.writer.configured
+
+    def today(self) -> date:
+        return self.calendar.day_of(self.clock.now())
+
+    # --- the day rollover, in the background ---
+
+    def saw(self, channel_id: int, guild_id: int | None) -> None:
+        """A message arrived in `channel_id` (a thread's parent for a thread): on a new chat day, catch up in the
+        background. Costs nothing on the other messages of the day."""
+        today = self.today()
+        if not self.active or self._seen_day.get(channel_id) == today:
+            return
+        self._seen_day[channel_id] = today
+        task = asyncio.get_running_loop().create_task(self._catch_up_quietly(channel_id, guild_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settle(self) -> None:
+        """Wait for the background catch-ups started so far (tests, and shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self.writer.close()
+
+    async def _catch_up_quietly(self, channel_id: int, guild_id: int | None) -> None:
+        try:
+            progress = await self.catch_up(channel_id, guild_id)
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("Summaries of channel %s could not be brought up to date, retried on a later day: %s", channel_id, exc)
+            self._seen_day.pop(channel_id, None)
+            return
+        if progress.written or progress.failed:
+            log.info("Summaries of channel %s: %s", channel_id, progress.line())
+
+    async def catch_up(
+        self,
+        channel_id: int,
+        guild_id: int | None,
+        *,
+        days: int | None = None,
+        progress: Progress | None = None,
+        stop: asyncio.Event | None = None,
+        retry_now: bool = False,
+    ) -> BackfillProgress:
+        """Summarise the finished chat days of the last `days` (SUMMARY_BACKFILL_DAYS) that need it, then fold weeks.
+
+        Works from what is missing, so a run that stopped (Stop button, crash, failing model) resumes where it
+        stopped. `retry_now` retries failed days without waiting for their next try (an explicit backfill).
+        """
+        state = BackfillProgress(channel_id)
+        if not await self.is_enabled(channel_id, guild_id):
+            state.finished = True
+            return state
+        async with self._locks.setdefault(channel_id, asyncio.Lock()):
+            today = self.today()
+            first = today - timedelta(days=days or self.settings.summary_backfill_days)
+            chat_days = await self._chat_days(channel_id, first, today)
+            known = await self._summaries_since(channel_id, self.calendar.week_of(first))
+            todo = [day for day in chat_days if self._needs_summary(known.get((Kind.DAY, day)), today, retry_now)]
+            state.days_total = len(todo)
+            await _report(progress, state)
+            for day in todo:
+                if stop is not None and stop.is_set():
+                    state.stopped = True
+                    break
+                written = await self._summarise_day(channel_id, guild_id, day, today)
+                known[(Kind.DAY, day)] = written
+                state.days_done += 1
+                if written.status == Status.MISSING:
+                    state.failed.append(f"{written.period}: {written.last_error}")
+                elif written.status == Status.READY:
+                    state.written += 1
+                await _report(progress, state)
+            if not state.stopped:
+                state.weeks_done = await self._fold_weeks(channel_id, guild_id, known, chat_days, today, retry_now)
+            state.finished = True
+            await _report(progress, state)
+            return state
+
+    def _needs_summary(self, found: Summary | None, today: date, retry_now: bool) -> bool:
+        if found is None:
+            return True
+        if found.edited or found.status in (Status.DELETED,):
+            return False
+        if found.status == Status.MISSING:
+            return retry_now or found.retry_on is None or found.retry_on <= today
+        return found.stale
+
+    async def _summarise_day(self, channel_id: int, guild_id: int | None, day: date, today: date) -> Summary:
+        since, until = self.calendar.bounds(day)
+        messages = await self.chat_log.messages_between(channel_id, since, until)
+        people = sorted({m["author_id"] for m in messages if not m["is_bot"]})
+        left_out = await self.servers.kept_out_of_summaries(guild_id, people)
+        kept = [m for m in messages if m["author_id"] not in left_out]
+        authors = sorted({m["author_id"] for m in kept if not m["is_bot"]})
+        common = {
+            "channel_id": channel_id, "guild_id": guild_id, "kind": Kind.DAY, "start": day,
+            "first_message_id": min((m["message_id"] for m in messages), default=None),
+            "last_message_id": max((m["message_id"] for m in messages), default=None),
+            "at": self.clock.now(),
+        }
+        if not authors:  # nobody left whose words may be summarised (the bot alone would retell them)
+            return await self._save(**common, status=Status.EMPTY, summary="", key_details=(), author_ids=(), message_count=0)
+        lines = [self._transcript_line(channel_id, m) for m in kept]
+        try:
+            written = await self.writer.day(f"Chat of {period_label(Kind.DAY, day)}", lines)
+        except SummaryFailed as exc:
+            return await self._failed(channel_id, guild_id, Kind.DAY, day, today, str(exc))
+        return await self._save(
+            **common, status=Status.READY, summary=written.summary, key_details=written.key_details,
+            author_ids=authors, message_count=len(kept),
+        )
+
+    def _transcript_line(self, channel_id: int, message: dict[str, Any]) -> str:
+        name = " ".join(str(message["author_name"]).split()) or "someone"
+        where = " (in a thread)" if message["channel_id"] != channel_id else ""
+        who = f"{name} (bot)" if message["is_bot"] else name
+        text = " ".join(str(message["text"]).split())
+        if len(text) > MAX_LINE_CHARS:
+            text = text[:MAX_LINE_CHARS] + "…"
+        return f"[{self.calendar.local_time(message['created_at'])}]{where} {who}: {text}"
+
+    async def _fold_weeks(
+        self,
+        channel_id: int,
+        guild_id: int | None,
+        known: dict[tuple[Kind, date], Summary],
+        chat_days: Sequence[date],
+        today: date,
+        retry_now: bool,
+    ) -> int:
+        """Fold each finished week whose chat days are all summarised (or have nothing to summarise) into one summary."""
+        folded = 0
+        for monday in sorted({self.calendar.week_of(day) for day in chat_days}):
+            if monday + timedelta(days=7) > today:
+                continue  # not over yet
+            week_days = [known.get((Kind.DAY, day)) for day in chat_days if self.calendar.week_of(day) == monday]
+            if any(s is None or s.status == Status.MISSING or (s.stale and not s.edited) for s in week_days):
+                continue  # a day still to be summarised: fold when it is
+            ready = [s for s in week_days if s is not None and s.status == Status.READY]
+            week = known.get((Kind.WEEK, monday))
+            if not ready or (week is not None and all(s.folded_into == week.id for s in ready)):
+                continue
+            if week is not None and week.status == Status.MISSING and not self._needs_summary(week, today, retry_now):
+                continue
+            if week is None or (not week.edited and week.status != Status.DELETED):
+                week = await self._write_week(channel_id, guild_id, monday, ready, today)
+            if week.status != Status.MISSING:
+                async with self.pool.acquire() as conn:
+                    await store.fold_days(conn, week.id, [s.id for s in ready])
+                folded += 1
+        return folded
+
+    async def _write_week(
+        self, channel_id: int, guild_id: int | None, monday: date, days: Sequence[Summary], today: date
+    ) -> Summary:
+        try:
+            written = await self.writer.week(
+                f"Week of {period_label(Kind.WEEK, monday)}",
+                [(s.period, Written(s.summary, s.key_details, True)) for s in days],
+            )
+        except SummaryFailed as exc:
+            return await self._failed(channel_id, guild_id, Kind.WEEK, monday, today, str(exc))
+        return await self._save(
+            channel_id=channel_id, guild_id=guild_id, kind=Kind.WEEK, start=monday, status=Status.READY,
+            summary=written.summary, key_details=written.key_details,
+            author_ids=sorted({author for s in days for author in s.author_ids}),
+            first_message_id=None, last_message_id=None, message_count=sum(s.message_count for s in days), at=self.clock.now(),
+        )
+
+    async def _save(self, **values: Any) -> Summary:
+        async with self.pool.acquire() as conn:
+            return await store.save_written(conn, model=self.writer.model or None, **values)
+
+    async def _failed(self, channel_id: int, guild_id: int | None, kind: Kind, start: date, today: date, error: str) -> Summary:
+        async with self.pool.acquire() as conn:
+            before = await store.get_period(conn, channel_id, kind, start)
+            attempts = (before.attempts if before else 0) + 1
+            wait = min(2 ** (attempts - 1), MAX_WAIT_DAYS)
+            log.warning("Summary of %s in channel %s failed (attempt %d, next try in %d days): %s",
+                        period_label(kind, start), channel_id, attempts, wait, error)
+            return await store.save_failure(
+                conn, channel_id=channel_id, guild_id=guild_id, kind=kind, start=start, error=error,
+                retry_on=today + timedelta(days=wait), at=self.clock.now(),
+            )
+
+    async def _chat_days(self, channel_id: int, first: date, today: date) -> list[date]:
+        since, until = self.calendar.start_of(first), self.calendar.start_of(today)
+        zone, hour = self.calendar.zone_name, self.calendar.start_hour
+        return await self.chat_log.chat_days(channel_id, since, until, zone, hour)
+
+    async def _summaries_since(self, channel_id: int, since: date) -> dict[tuple[Kind, date], Summary]:
+        async with self.pool.acquire() as conn:
+            return {(s.kind, s.period_start): s for s in await store.summaries_since(conn, channel_id, since)}
+
+
+async def _report(progress: Progress | None, state: BackfillProgress) -> None:
+    if progress is None:
+        return
+    result = progress(state)
+    if result is not None:
+        await result
