@@ -20,6 +20,7 @@ from bot.chat.receipts import Receipt, ReplyStatus
 from bot.chat.sources import BY_TEXT
 from bot.memory.base import NewMemory
 from bot.memory.clock import ManualClock
+from bot.memory.embeddings import NoEmbedder
 from bot.memory.models import Conversation, Memory, MemoryList, Source
 from bot.memory.recall import MemoryCore
 from bot.servers.models import Privacy
@@ -294,3 +295,18 @@ async def test_chunks_and_passages_carry_their_words(world: World) -> None:
     assert await pool.fetchval("SELECT bool_and(terms @@ 'marmot'::tsquery) FROM history_chunks WHERE text LIKE '%marmots%'")
     assert await pool.fetchval("SELECT count(*) FROM document_passages WHERE terms @@ 'minecraft'::tsquery") == 1
     assert await pool.fetchval("SELECT count(*) FROM history_chunks WHERE terms IS NULL") == 0
+
+
+async def test_without_an_embedder_documents_are_found_by_their_words(
+    make_core: MakeCore, clock: ManualClock, chat: FakeChatServer
+) -> None:
+    """EMBEDDING_PROVIDER=none: every memory stays on the desk, and documents can still be quoted, by text."""
+    world = await build_world(lambda **kw: make_core(embedder=NoEmbedder(), **kw), clock, chat.base_url, context_messages=6)
+    try:
+        await world.documents.add(GUILD, "handbook.md", HANDBOOK, by=JUNO)
+        outcome = await world.pipeline.reply(world.message(RIN, "what's the minecraft server address?"))
+        assert not outcome.recall.search_ok and outcome.recall.by_text == []
+        assert [item["section"] for item in outcome.receipt.items("documents")] == ["Minecraft"]
+        assert "play.example.org" in final_message(chat)
+    finally:
+        await world.pipeline.close()
