@@ -115,6 +115,7 @@ async def test_a_dormant_memory_the_message_names_is_in_the_prompt_and_no_counte
         assert receipt.nothing_recalled_because is None and receipt.nothing_added_because is None
         rendered = receipt.render()
         assert f"recalled from the drawer: #{cat.id} ({BY_TEXT}, text rank" in rendered and "stays in the drawer" in rendered
+        assert "the search failed (the provider is down (test)); what says by text" in rendered
         stored = await failing.pipeline.chat_log.receipt(channel_id=CHANNEL)  # as /memories why reads it back
         assert stored is not None and BY_TEXT in Receipt.from_dict(json.loads(json.dumps(stored))).render()
 

@@ -114,6 +114,8 @@ class Receipt:
                 lines.append(f"{title}: nothing ({report['note']})")
         if self.nothing_added_because:
             lines.append(f"nothing was recalled for this reply: {self.nothing_added_because}")
+        elif not self.search_ok:  # yet something came: the text fallback
+            lines.append(f"the search failed ({self.search_failure}); what says {BY_TEXT} was found by the message's words")
         if self.dropped:
             lines.append("left out: " + ", ".join(f"{item['key']} ({item['reason']})" for item in self.dropped))
         parts = token_parts(self.tokens)
