@@ -146,11 +146,15 @@ async def test_receipts_say_when_the_search_failed_or_the_budget_was_full(
         failing = await build_world(
             lambda **kw: _core(world.core, down, **kw), clock, chat.base_url, context_messages=6
         )
-        failed = await failing.pipeline.reply(world.message(JUNO, "how long was the hike with the marmots?"))
+        failed = await failing.pipeline.reply(world.message(JUNO, "ok, brb"))
         assert failed.status == ReplyStatus.REPLIED and not failed.receipt.search_ok
         assert (failed.receipt.nothing_added_because or "").startswith("the search failed")
         assert failed.receipt.sources["history"]["note"].startswith("the search failed")
         assert failed.receipt.sources["documents"]["note"].startswith("the search failed")
+        by_text = await failing.pipeline.reply(world.message(JUNO, "how long was the hike with the marmots?"))
+        # the words still found the chat, and the budget (HISTORY_TOKEN_BUDGET 20 here) holds for it too
+        assert not by_text.receipt.search_ok and by_text.receipt.sources["history"]["by_text"] is True
+        assert by_text.receipt.sources["history"]["note"] == "the history budget was full (HISTORY_TOKEN_BUDGET 20)"
         await failing.pipeline.close()
     finally:
         await world.pipeline.close()

@@ -79,7 +79,9 @@ async def test_embedder_garbage_mid_reply_changes_no_counter_and_forgets_nothing
 
         assert outcome.status == ReplyStatus.REPLIED and outcome.chunks == ["Noted, thanks!"]  # the reply is still sent
         assert not outcome.receipt.search_ok and outcome.receipt.search_failure
-        assert "search failed" in (outcome.receipt.nothing_recalled_because or "")
+        # the mascot memory, in the drawer, shares words with the message: shown by text, read-only
+        assert [item.get("by_text") for item in outcome.receipt.recalled] == [True]
+        assert outcome.prompt is not None and "The mascot is a heron" in outcome.prompt.messages[-1]["content"]
         after = await snapshot(core)
         assert {memory_id: after[memory_id] for memory_id in before} == before  # no counter moved, nothing forgotten
         [refused, saved] = outcome.changes

@@ -12,6 +12,7 @@ from typing import Any
 
 from bot.chat.messages import IncomingMessage
 from bot.chat.notices import MemoryChange
+from bot.chat.sources import BY_TEXT
 from bot.memory.models import Recall
 from bot.prompt import Prompt, user_label
 from bot.tokens import count_tokens
@@ -32,9 +33,12 @@ def recalled_label(item: dict[str, Any]) -> str:
 
     The score is cosine similarity plus the word bonus (LEXICAL_WEIGHT), so it can exceed 1. Only
     the used ones come back; the others (up to MAX_RECALLED) were shown and stay in the drawer.
-    Receipts stored before this field existed only held used ones.
+    Receipts stored before this field existed only held used ones. A memory found by text when the
+    embedder was unavailable (`by_text`) says so, with its text rank instead of a score.
     """
     where = "back on the desk" if item.get("back", True) else "shown, stays in the drawer"
+    if item.get("by_text"):  # a failed search: found by its words, `similarity` is the text rank
+        return f"{BY_TEXT}, text rank {float(item['similarity']):.2f}, {where}"
     return f"score {float(item['similarity']):.2f}, {where}"
 
 
@@ -111,6 +115,8 @@ class Receipt:
                 lines.append(f"{title}: nothing ({report['note']})")
         if self.nothing_added_because:
             lines.append(f"nothing was recalled for this reply: {self.nothing_added_because}")
+        elif not self.search_ok:  # yet something came: the text fallback
+            lines.append(f"the search failed ({self.search_failure}); what says {BY_TEXT} was found by the message's words")
         if self.summaries:
             lines.append("channel summaries: " + ", ".join(f"{s['period']} ({s['tokens']} tokens)" for s in self.summaries))
         if self.dropped:
@@ -134,6 +140,8 @@ def tail_item_label(item: dict[str, Any]) -> str:
         section = f" › {item['section']}" if item.get("section") else ""
         what = f"“{item.get('document', '?')}”{section} (passage #{item.get('passage_id')}"
     cut = ", cut to fit" if item.get("cut") else ""
+    if item.get("by_text"):  # a failed search: found by its words, `similarity` is the text rank
+        return f"{what}, {BY_TEXT}, {item.get('tokens', 0)} tokens{cut})"
     return f"{what}, similarity {item.get('similarity', 0):.2f}, {item.get('tokens', 0)} tokens{cut})"
 
 
@@ -164,11 +172,17 @@ def build_receipt(
         {"id": s.memory.id, "similarity": round(s.similarity, 4), "back": s.memory.id in used}
         for s in recall.recalled
         if s.memory.id in kept_tail
+    ] + [  # a failed search: found by text, read-only
+        {"id": s.memory.id, "similarity": round(s.similarity, 4), "back": False, "by_text": True}
+        for s in recall.by_text
+        if s.memory.id in kept_tail
     ]
-    if not recall.search_ok:
-        why = f"the search failed: {recall.failure}"
-    elif recalled:
+    if recalled:
         why = None
+    elif not recall.search_ok:
+        why = f"the search failed: {recall.failure}" + (
+            f"; the memories found {BY_TEXT} did not fit the memory budget" if recall.by_text else ""
+        )
     elif recall.recalled:
         why = "the memory budget was full"
     elif recall.used:
@@ -233,7 +247,7 @@ def _receipt_tail(
         if report.get("added") and not report["items"]:
             report["note"] = "the context budget was full (CHAT_CONTEXT_TOKENS), so they were left out"
     # the one-line answer to "why was nothing recalled?"; each part's own note says more
-    full = (["memories"] if recall.recalled else []) + [
+    full = (["memories"] if recall.recalled or recall.by_text else []) + [
         name for name, report in sources.items() if "budget" in str(report.get("note") or "")
     ]
     if recalled or added:
@@ -265,7 +279,7 @@ def dry_run_text(recall: Recall, receipt: Receipt, names: dict[int, str]) -> str
         about = f" about {user_label(memory.owner_id, names)}" if memory.owner_id else ""
         lines.append(f"  #{memory.id} [{memory.list.value}{about}, {memory.days_unused} days unused] {memory.text}")
     items = {item["id"]: item for item in receipt.recalled}
-    recalled = [s.memory for s in recall.recalled if s.memory.id in items]
+    recalled = [s.memory for s in (*recall.recalled, *recall.by_text) if s.memory.id in items]
     if recalled:
         lines.append("Recalled from the drawer (dormant, but they match this message):")
         lines += [f"  #{m.id} ({recalled_label(items[m.id])}) {m.text}" for m in recalled]

@@ -146,7 +146,7 @@ class ReplyPipeline:
         recall = await self.core.reply_search(conversation)
 
         owners = {m.owner_id for m in recall.desk if m.owner_id} | {
-            s.memory.owner_id for s in (*recall.recalled, *recall.held_back) if s.memory.owner_id
+            s.memory.owner_id for s in (*recall.recalled, *recall.held_back, *recall.by_text) if s.memory.owner_id
         }
         persona_row, lore, guild = context["persona"], context["lore"], context["guild"]
         previous_head: str | None = context["previous_head"]
@@ -160,8 +160,9 @@ class ReplyPipeline:
 
         tools = self.tools.offered(guild)
         extra_tail, tail_reports = await self._extra_tail(message, recall)
-        # DESK_REFRESH=daily keeps memories that joined the desk today in the tail, after this reply's recalls
-        tail = [recalled_item(scored, names) for scored in (*recall.recalled, *recall.held_back)] + extra_tail
+        # DESK_REFRESH=daily keeps memories that joined the desk today in the tail, after this reply's recalls;
+        # a failed search may still have found dormant memories by their words (read-only)
+        tail = [recalled_item(s, names) for s in (*recall.recalled, *recall.held_back, *recall.by_text)] + extra_tail
         outcome_prompt: Prompt | None = None
         error: str | None = None
         try:

@@ -3,7 +3,10 @@ channel, document passages, ...), and the budget loop they share.
 
 A source is called once per reply with the memory search's `Recall`, whose `query_vector` is the
 reply's one embedding: sources search with it and never embed anything themselves, so a reply costs
-one embedding request however many lookups it makes. A failed search (no vector) adds nothing.
+one embedding request however many lookups it makes. When that embedding failed (no vector), a
+source may fall back to the message's words (PostgreSQL full-text search over the same rows, within
+the same budget and rules) and marks what it found that way: `by_text` on each item, `BY_TEXT` in
+what people read.
 
 Each source keeps within its own token budget: items are taken best first, an item longer than what
 is left is cut to fit (when a useful piece fits), and the budget is never exceeded. Every item is one
@@ -84,8 +87,21 @@ def fit(render: Callable[[str], str], body: str, room: int) -> tuple[str, bool] 
     return None
 
 
+BY_TEXT = "by text (the embedder was unavailable)"
+
+
 def search_failed(recall: Recall) -> str:
     return f"the search failed: {recall.failure or 'no query embedding'}"
+
+
+def nothing_by_text(recall: Recall, what: str) -> str:
+    """Why a source's text fallback added nothing: the search failed, and no row shares a word with the message."""
+    return f"{search_failed(recall)}; {BY_TEXT}: no {what} shares a word with the message"
+
+
+def fallback_failed(recall: Recall, exc: Exception) -> str:
+    """The text fallback failed too: the reply goes on without the source (the caller logs it)."""
+    return f"{search_failed(recall)}; the search {BY_TEXT} failed too: {type(exc).__name__}"
 
 
 def no_hits_note(
@@ -130,6 +146,8 @@ def fill(report: TailReport, kind: str, budget: int, candidates: list[Candidate]
         }
         report.items.append(TailItem(kind=kind, key=candidate.key, text=text, score=candidate.similarity, meta=meta))
     report.detail = {"budget": budget, "skipped_for_budget": skipped}
+    if any(candidate.trail.get("by_text") for candidate in candidates):
+        report.detail["by_text"] = True
     if not report.items:
         report.note = full_note
     return report

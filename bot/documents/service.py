@@ -18,6 +18,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from bot.documents import store
 from bot.errors import InvalidInput
 from bot.item_vectors import ItemVectors
 from bot.memory.embeddings import EmbeddingError
+from bot.memory.lexical import lexical_query
 from bot.memory.recall import MemoryCore, split_at_threshold
 from bot.tokens import count_tokens, encoding
 
@@ -172,6 +174,7 @@ class DocumentHit:
     section: str
     text: str
     similarity: float
+    by_text: bool = False  # found by its words (the embedder was unavailable): `similarity` is a text rank
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,18 @@ class DocumentSearch:
     hits: list[DocumentHit]
     searched: int  # passages scored (0: this server has no embedded passage)
     best_below: float | None  # best similarity under DOCUMENT_MIN_SIMILARITY
+
+
+def _hit(row: Any, *, by_text: bool = False) -> DocumentHit:
+    return DocumentHit(
+        passage_id=row["id"],
+        document_id=row["document_id"],
+        document=row["document"],
+        section=row["section"],
+        text=row["text"],
+        similarity=float(row["similarity"]),
+        by_text=by_text,
+    )
 
 
 class DocumentLibrary:
@@ -276,19 +291,23 @@ class DocumentLibrary:
                 conn, guild_id=guild_id, space=space, vector=query_vector, limit=self.settings.document_max_results + 1
             )
         kept, best_below = split_at_threshold(rows, self.settings.document_min_similarity, self.settings.document_max_results)
-        hits = [
-            DocumentHit(
-                passage_id=row["id"],
-                document_id=row["document_id"],
-                document=row["document"],
-                section=row["section"],
-                text=row["text"],
-                similarity=float(row["similarity"]),
-            )
-            for row in kept
-        ]
-        return DocumentSearch(hits, len(rows), best_below)
+        return DocumentSearch([_hit(row) for row in kept], len(rows), best_below)
 
+    async def search_by_text(self, guild_id: int, text: str) -> DocumentSearch:
+        """The text fallback, for a reply whose message could not be embedded: passages sharing a word with it.
+
+        Read-only like `search`, this server's documents only, at most DOCUMENT_MAX_RESULTS, best
+        `ts_rank` first (any shared word will do: a text rank is no similarity to hold a threshold
+        against). `searched` counts the passages that share a word.
+        """
+        words = lexical_query(text).words
+        if not words:
+            return DocumentSearch([], 0, None)
+        async with self.pool.acquire() as conn:
+            rows = await store.search_passages_by_text(
+                conn, guild_id=guild_id, words=words, limit=self.settings.document_max_results
+            )
+        return DocumentSearch([_hit(row, by_text=True) for row in rows], len(rows), None)
 
     async def forget_user(self, conn: Connection, user_id: int) -> dict[str, int]:
         """A user's part of delete-my-data: documents stay with their server, no longer naming the uploader."""

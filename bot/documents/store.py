@@ -13,6 +13,7 @@ import numpy as np
 
 from bot.db import Connection
 from bot.item_vectors import VECTOR_KINDS
+from bot.memory.lexical import any_word_query_cte
 
 
 async def insert_document(
@@ -85,6 +86,24 @@ async def search_passages(conn: Connection, *, guild_id: int, space: int, vector
         vector,
         limit,
     )
+
+
+PASSAGE_TEXT_SEARCH_SQL = f"""
+WITH {any_word_query_cte('$2')}
+SELECT p.id, p.document_id, d.name AS document, p.ordinal, p.section, p.text, ts_rank(p.terms, q.any_word) AS similarity
+FROM document_passages p JOIN documents d ON d.id = p.document_id, query q
+WHERE p.guild_id = $1 AND p.terms @@ q.any_word
+ORDER BY similarity DESC, p.id
+LIMIT $3
+"""
+
+
+async def search_passages_by_text(conn: Connection, *, guild_id: int, words: str, limit: int) -> list[asyncpg.Record]:
+    """The passages of a server's documents holding any of `words`, best `ts_rank` first (`similarity`).
+
+    The text fallback of `search_passages`, for a reply whose message could not be embedded.
+    """
+    return await conn.fetch(PASSAGE_TEXT_SEARCH_SQL, guild_id, words, limit)
 
 
 async def forget_document_uploader(conn: Connection, user_id: int) -> None:

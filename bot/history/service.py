@@ -35,6 +35,7 @@ from bot.config import Settings
 from bot.db import Connection
 from bot.history import store
 from bot.item_vectors import ItemVectors
+from bot.memory.lexical import lexical_query
 from bot.memory.recall import MemoryCore, split_at_threshold
 from bot.tokens import count_tokens
 
@@ -126,6 +127,7 @@ class HistoryHit:
     messages: int
     first_message_id: int
     last_message_id: int
+    by_text: bool = False  # found by its words (the embedder was unavailable): `similarity` is a text rank
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,20 @@ class HistorySearch:
     hits: list[HistoryHit]
     searched: int
     best_below: float | None
+
+
+def _hit(row: Any, *, by_text: bool = False) -> HistoryHit:
+    return HistoryHit(
+        chunk_id=row["id"],
+        similarity=float(row["similarity"]),
+        text=row["text"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        messages=row["messages"],
+        first_message_id=row["first_message_id"],
+        last_message_id=row["last_message_id"],
+        by_text=by_text,
+    )
 
 
 class HistoryIndex:
@@ -230,20 +246,33 @@ class HistoryIndex:
                 limit=self.settings.history_max_results + 1,
             )
         kept, best_below = split_at_threshold(rows, self.settings.history_min_similarity, self.settings.history_max_results)
-        hits = [
-            HistoryHit(
-                chunk_id=row["id"],
-                similarity=float(row["similarity"]),
-                text=row["text"],
-                started_at=row["started_at"],
-                ended_at=row["ended_at"],
-                messages=row["messages"],
-                first_message_id=row["first_message_id"],
-                last_message_id=row["last_message_id"],
+        return HistorySearch(enabled=True, hits=[_hit(row) for row in kept], searched=len(rows), best_below=best_below)
+
+    async def search_by_text(
+        self, *, channel_id: int, answered_message_id: int, text: str, parent_channel_id: int | None = None
+    ) -> HistorySearch:
+        """The text fallback, for a reply whose message could not be embedded: chunks sharing a word with it.
+
+        Read-only like `search`, under the same rules (the channel's switch, this channel only,
+        read-behind) and the same HISTORY_MAX_RESULTS. Any shared word will do, best `ts_rank` first:
+        a text rank says nothing a similarity threshold could be compared with. `searched` counts the
+        chunks that share a word.
+        """
+        if not await self.recall_enabled(channel_id, parent_channel_id):
+            return HistorySearch(enabled=False, hits=[], searched=0, best_below=None)
+        words = lexical_query(text).words
+        if not words:
+            return HistorySearch(enabled=True, hits=[], searched=0, best_below=None)
+        async with self.pool.acquire() as conn:
+            rows = await store.search_history_by_text(
+                conn,
+                channel_id=channel_id,
+                answered_message_id=answered_message_id,
+                context_messages=self.settings.context_messages,
+                words=words,
+                limit=self.settings.history_max_results,
             )
-            for row in kept
-        ]
-        return HistorySearch(enabled=True, hits=hits, searched=len(rows), best_below=best_below)
+        return HistorySearch(enabled=True, hits=[_hit(row, by_text=True) for row in rows], searched=len(rows), best_below=None)
 
     async def overview(self, channel_id: int) -> dict[str, int]:
         """Chunks of a channel, how many are embedded in the current space, messages in no chunk yet."""

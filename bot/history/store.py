@@ -14,6 +14,7 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
+from bot.memory.lexical import any_word_query_cte
 
 
 async def channels_with_pending_history(conn: Connection, context_messages: int, limit: int) -> list[int]:
@@ -96,13 +97,17 @@ async def delete_channel_history(conn: Connection, channel_id: int) -> int:
     return int(status.split()[-1])
 
 
-HISTORY_SEARCH_SQL = """
-WITH window_start AS (
+# The oldest message of the reply's context window ($1 channel, $2 the answered message, $3 the window's
+# size): chunks ending before it are outside the window. Shared by both searches (read-behind).
+WINDOW_START_CTE = """window_start AS (
     SELECT min(message_id) AS message_id FROM (
         SELECT message_id FROM chat_messages WHERE channel_id = $1 AND message_id <= $2
         ORDER BY message_id DESC LIMIT $3
     ) AS w
-)
+)"""
+
+HISTORY_SEARCH_SQL = f"""
+WITH {WINDOW_START_CTE}
 SELECT c.id, c.first_message_id, c.last_message_id, cardinality(c.message_ids) AS messages, c.started_at, c.ended_at,
        c.text, 1 - (v.embedding <=> $4::vector) AS similarity
 FROM history_chunks c JOIN history_chunk_vectors v ON v.chunk_id = c.id AND v.space_id = $5
@@ -130,6 +135,31 @@ async def search_history(
     pulls older (already chunked) ones back into it, and those must not come twice.
     """
     return await conn.fetch(HISTORY_SEARCH_SQL, channel_id, answered_message_id, context_messages, vector, space, limit)
+
+
+HISTORY_TEXT_SEARCH_SQL = f"""
+WITH {WINDOW_START_CTE},
+{any_word_query_cte('$4')}
+SELECT c.id, c.first_message_id, c.last_message_id, cardinality(c.message_ids) AS messages, c.started_at, c.ended_at,
+       c.text, ts_rank(c.terms, q.any_word) AS similarity
+FROM history_chunks c, query q
+WHERE c.channel_id = $1
+  AND c.last_message_id < coalesce((SELECT message_id FROM window_start), $2)
+  AND c.terms @@ q.any_word
+ORDER BY similarity DESC, c.id
+LIMIT $5
+"""
+
+
+async def search_history_by_text(
+    conn: Connection, *, channel_id: int, answered_message_id: int, context_messages: int, words: str, limit: int
+) -> list[asyncpg.Record]:
+    """The chunks of a channel holding any of `words`, best `ts_rank` first (`similarity`), none in the window.
+
+    The text fallback of `search_history`, for a reply whose message could not be embedded: the same
+    channel and the same read-behind rule, with the words instead of the vector.
+    """
+    return await conn.fetch(HISTORY_TEXT_SEARCH_SQL, channel_id, answered_message_id, context_messages, words, limit)
 
 
 async def set_history_recall(conn: Connection, channel_id: int, guild_id: int | None, enabled: bool) -> None:

@@ -98,3 +98,18 @@ def lexical_query(text: str) -> LexicalQuery:
         ]
     )
     return LexicalQuery(words=" ".join(kept), names=" ".join(names))
+
+
+def any_word_query_cte(param: str) -> str:
+    """SQL of a `query` CTE with one column, `any_word`: a tsquery matching any of the words in `param`.
+
+    The text fallback of every search (memories, older chat, documents) matches this way: OR, so a
+    message with words no row holds still finds the rows holding the others. The words are stemmed
+    by the 'english' configuration, as `terms` are; a text of stop words alone gives no row (rather
+    than an empty tsquery, which PostgreSQL warns about). `param` is a placeholder such as `$4`
+    holding `LexicalQuery.words`: letters and digits only, so nothing in it is tsquery syntax.
+    """
+    return (
+        "query AS (SELECT array_to_string(tsvector_to_array(words), ' | ')::tsquery AS any_word"
+        f" FROM to_tsvector('english', {param}::text) AS words WHERE length(words) > 0)"
+    )

@@ -142,6 +142,10 @@ class Recall:
     held_back: list[ScoredMemory] = field(default_factory=list)
     """DESK_REFRESH=daily: memories that joined the desk today (saved, edited or recalled earlier
     today). They go in the prompt's tail, not its head, until the next chat day."""
+    by_text: list[ScoredMemory] = field(default_factory=list)
+    """When the message could not be embedded (the search failed): dormant memories that share words
+    with it, best text rank first (`similarity` holds the rank). Shown in the tail, read-only: the
+    failed search changed no counter, and finding them by text changes none either."""
 
 
 @dataclass

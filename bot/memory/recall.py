@@ -137,6 +137,10 @@ class MemoryCore(MemoryWrites, BulkWrites, MemoryVectors):
             if used_similarity is not None:
                 used.append(scored)
         best_first = lambda items: sorted(items, key=lambda s: (-s.similarity, s.memory.id))  # noqa: E731
+        by_text: list[ScoredMemory] = []
+        if vector is None and decays:  # the search failed: the drawer can still be read by its words
+            shown = [m.id for m in desk] + [s.memory.id for s in held_back]
+            by_text = await self._found_by_text(conversation, persona, shown)
         return Recall(
             search_ok=vector is not None,
             failure=failure,
@@ -146,7 +150,37 @@ class MemoryCore(MemoryWrites, BulkWrites, MemoryVectors):
             recalled=best_first(recalled),
             query_vector=vector,  # type: ignore[arg-type]
             held_back=best_first(held_back),
+            by_text=by_text,
         )
+
+    async def _found_by_text(self, conversation: Conversation, persona: int, shown: list[int]) -> list[ScoredMemory]:
+        """The text fallback of a failed search: dormant memories sharing a word with the message, read-only.
+
+        As many as a search would recall (MAX_RECALLED, or MAX_USED when that is 0), under the search's
+        own visibility rules. A failure here is logged and the reply goes on without them: the fallback
+        only adds to a reply, it must never be the reason one fails.
+        """
+        words = lexical_query(conversation.text).words
+        if not words:
+            return []
+        try:
+            async with self.pool.acquire() as conn:
+                rows = await search_store.text_search(
+                    conn,
+                    guild_id=conversation.guild_id,
+                    persona_id=persona,
+                    channel_id=conversation.channel_id,
+                    participants=conversation.participants,
+                    context_words=context_words((*conversation.context_texts, conversation.text)),
+                    words=words,
+                    dormant_after=self.settings.dormant_after_days,
+                    limit=self.settings.max_recalled or self.settings.max_used,
+                    exclude_ids=shown,
+                )
+        except Exception:
+            log.exception("The text fallback for memories failed; the reply goes on without it")
+            return []
+        return [ScoredMemory(Memory.from_row(row), float(row["rank"])) for row in rows]
 
     async def all_memories(self) -> list[Memory]:
         async with self.pool.acquire() as conn:

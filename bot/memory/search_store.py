@@ -17,7 +17,7 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
-from bot.memory.lexical import LexicalQuery
+from bot.memory.lexical import LexicalQuery, any_word_query_cte
 from bot.memory.store import MEMORY_COLUMNS
 
 # Locking and performance notes (measured by `make bench`, see BENCHMARKS.md):
@@ -52,8 +52,13 @@ from bot.memory.store import MEMORY_COLUMNS
 ROW_COLUMNS = ", ".join(f"m.{column.strip()}" for column in MEMORY_COLUMNS.split(",")[1:])  # all but id
 
 
-REPLY_SEARCH_SQL = f"""
-WITH guild AS (
+# Who and what a reply may see (docs/memory-rules.md, "What hides a memory"), shared by the search and
+# its read-only text fallback so the two can never disagree. Parameters: $1 guild, $2 persona,
+# $3 channel (a thread's parent), $4 participants, $5 the context window's words (tags).
+# `VISIBILITY_CTES` are the `guild` and `people` CTEs; `SEARCHABLE_LISTS` filters `memories m` to this
+# persona's server list and the lists of the participants whose personal memories may be used;
+# `NOT_HIDDEN` filters `c` (any row with `channel_ids` and `tags`) against the channel limits and tags.
+VISIBILITY_CTES = """guild AS (
     SELECT coalesce(gs.tagging, false) AS tagging, coalesce(gs.personal_memories, true) AS personal_on
     FROM (VALUES (1)) AS one (x) LEFT JOIN guild_settings gs ON gs.guild_id = $1
 ),
@@ -62,7 +67,16 @@ people AS (
     WHERE ($1::bigint IS NULL OR guild.personal_on)
       AND NOT EXISTS (SELECT 1 FROM user_settings us WHERE us.user_id = p.user_id AND us.privacy = 'full')
       AND NOT EXISTS (SELECT 1 FROM guild_blocklist b WHERE b.guild_id = $1 AND b.user_id = p.user_id)
-),
+)"""
+SEARCHABLE_LISTS = """(m.list = 'server' AND m.guild_id = $1 AND m.persona_id = $2)
+       OR (m.list = 'personal' AND m.owner_id = ANY (ARRAY(SELECT user_id FROM people))
+           AND (m.persona_id IS NULL OR m.persona_id = $2))"""
+NOT_HIDDEN = """(cardinality(c.channel_ids) = 0 OR $3::bigint = ANY (c.channel_ids))
+      AND (NOT guild.tagging OR cardinality(c.tags) = 0 OR c.tags && $5::text[])"""
+
+
+REPLY_SEARCH_SQL = f"""
+WITH {VISIBILITY_CTES},
 query AS (
     SELECT tsvector_to_array(words) AS words, tsvector_to_array(to_tsvector('english', $16::text)) AS names,
            array_to_string(tsvector_to_array(words), ' | ')::tsquery AS any_word
@@ -77,14 +91,11 @@ candidates AS (  -- cosine: NULL without a vector of this space and size (not se
            CASE WHEN m.terms @@ (SELECT any_word FROM query) THEN m.terms END AS hit_terms
     FROM memories m LEFT JOIN memory_vectors mv ON $6::vector IS NOT NULL AND mv.memory_id = m.id AND mv.space_id = $7
     -- one scan of both lists (a BitmapOr, as the top-k does) rather than a UNION ALL of two
-    WHERE (m.list = 'server' AND m.guild_id = $1 AND m.persona_id = $2)
-       OR (m.list = 'personal' AND m.owner_id = ANY (ARRAY(SELECT user_id FROM people))
-           AND (m.persona_id IS NULL OR m.persona_id = $2))
+    WHERE {SEARCHABLE_LISTS}
 ),
 visible AS (
     SELECT c.id, c.days_unused, c.last_aged_on, c.desk_changed_on, c.hit_terms, c.stamp, c.cosine FROM candidates c, guild
-    WHERE (cardinality(c.channel_ids) = 0 OR $3::bigint = ANY (c.channel_ids))
-      AND (NOT guild.tagging OR cardinality(c.tags) = 0 OR c.tags && $5::text[])
+    WHERE {NOT_HIDDEN}
 ),
 word_hits AS (  -- which memory holds which of the message's words
     SELECT v.id, t.lexeme FROM visible v, query q, unnest(v.hit_terms) AS t
@@ -248,4 +259,58 @@ async def reply_search(
         lexical_weight if lexical is not None else 0.0,
         list(known_ids),  # always last: $DESK_CACHE_PARAM
         list(known_stamps),
+    )
+
+
+# The text fallback: when the reply's message could not be embedded, the dormant memories this reply
+# may see (the same visibility as above, word for word) that share a word with the message, best
+# `ts_rank` first. Read-only on purpose: a failed search must not move a counter, so nothing here
+# locks or writes, and the desk is not re-read (the failed search already returned it).
+TEXT_SEARCH_SQL = f"""
+WITH {VISIBILITY_CTES},
+{any_word_query_cte('$6')},
+candidates AS (
+    SELECT m.id, m.tags, m.channel_ids, ts_rank(m.terms, q.any_word) AS rank
+    FROM memories m, query q
+    WHERE ({SEARCHABLE_LISTS})
+      AND m.days_unused >= $7 AND m.terms @@ q.any_word AND NOT (m.id = ANY ($9::bigint[]))
+)
+SELECT m.id, {ROW_COLUMNS}, c.rank
+FROM candidates c CROSS JOIN guild JOIN memories m ON m.id = c.id
+WHERE {NOT_HIDDEN}
+ORDER BY c.rank DESC, c.id
+LIMIT $8
+"""
+
+
+async def text_search(
+    conn: Connection,
+    *,
+    guild_id: int | None,
+    persona_id: int,
+    channel_id: int,
+    participants: Sequence[int],
+    context_words: Sequence[str],
+    words: str,
+    dormant_after: int,
+    limit: int,
+    exclude_ids: Sequence[int] = (),
+) -> list[asyncpg.Record]:
+    """The visible dormant memories holding at least one of `words`, best `ts_rank` first, at most `limit`.
+
+    `words` are the message's words as `lexical_query` keeps them (plain letters and digits: nothing
+    in them is text-search syntax). `exclude_ids` are memories the reply already shows (its desk).
+    Changes nothing: no counter, no stamp, no lock. Each row is a full memory row plus its `rank`.
+    """
+    return await conn.fetch(
+        TEXT_SEARCH_SQL,
+        guild_id,
+        persona_id,
+        channel_id,
+        list(participants),
+        list(context_words),
+        words,
+        dormant_after,
+        limit,
+        list(exclude_ids),
     )
