@@ -16,6 +16,7 @@ from bot.chat.messages import IncomingMessage
 from bot.errors import NotAllowed
 from bot.servers.models import Privacy
 from bot.summaries.models import Status
+from bot.summaries.writer import read_answer
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import CHANNEL, GUILD, JUNO, OTHER_CHANNEL, RIN, SAM, World, build_world
 
@@ -273,3 +274,22 @@ async def test_summaries_switched_off_for_a_channel_are_neither_written_nor_show
     assert sorted(day_rows(await rows(world))) == [MONDAY]
     await world.services.chat.handle(world.message(JUNO, "Deskmate?"), mentions_bot=True)
     assert "## Earlier in this channel" not in chat.requests[-1]["messages"][0]["content"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "summary", "details"),
+    [
+        ('{"summary": "Juno planned a hike", "key_details": ["Hike on Saturday"]}', "Juno planned a hike", ("Hike on Saturday",)),
+        ('Here you go:\n```json\n{"summary": "A quiet day", "key_details": []}\n```\nAnything else?', "A quiet day", ()),
+        ('{"summary": "Sam moved", "key_details": "Sam lives in Lyon now"}', "Sam moved", ("Sam lives in Lyon now",)),
+        ('{"summary": "Rin", "key_details": [" spaced   out ", "", 3]}', "Rin", ("spaced out", "3")),
+    ],
+)
+def test_a_summary_is_read_from_what_small_models_really_write(answer: str, summary: str, details: tuple[str, ...]) -> None:
+    written = read_answer(answer)
+    assert written is not None and (written.summary, written.key_details) == (summary, details)
+
+
+@pytest.mark.parametrize("answer", ["The day was quiet.", '{"summary": ""}', '{"text": "x"}', "{not json}", "[1, 2]"])
+def test_an_answer_without_the_asked_json_is_not_taken_for_a_summary(answer: str) -> None:
+    assert read_answer(answer) is None

@@ -136,7 +136,9 @@ class ChannelSummaries(SummaryWork):
 
 
 def head_summary(summary: Summary) -> HeadSummary:
-    shown: dict[str, object] = {summary.kind.value: summary.period, "summary": summary.summary}
+    start = summary.period_start
+    when = f"{start.isoformat()} – {(start + timedelta(days=6)).isoformat()}" if summary.kind == Kind.WEEK else summary.period
+    shown: dict[str, object] = {summary.kind.value: when, "summary": summary.summary}
     if summary.key_details:
         shown["key_details"] = list(summary.key_details)
     return HeadSummary(key=f"summary:{summary.id}", period=summary.period, line=quoted(shown))

@@ -211,7 +211,10 @@ class SummaryWork:
             week_days = [known.get((Kind.DAY, day)) for day in chat_days if self.calendar.week_of(day) == monday]
             if any(s is None or s.status == Status.MISSING or (s.stale and not s.edited) for s in week_days):
                 continue  # a day still to be summarised: fold when it is
-            ready = [s for s in week_days if s is not None and s.status == Status.READY]
+            ready = [  # days before the window count too: a week is folded from all its summarised days
+                s for (kind, start), s in sorted(known.items(), key=lambda item: item[0][1])
+                if kind == Kind.DAY and self.calendar.week_of(start) == monday and s.status == Status.READY
+            ]
             week = known.get((Kind.WEEK, monday))
             if not ready or (week is not None and all(s.folded_into == week.id for s in ready)):
                 continue
