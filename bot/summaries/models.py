@@ -15,6 +15,14 @@ class Kind(StrEnum):
     WEEK = "week"
 
 
+class Off(StrEnum):
+    """Why a channel has no summaries written or shown: what the commands say instead of a list."""
+
+    EVERYWHERE = "everywhere"  # SUMMARY_ENABLED=false
+    NO_MODEL = "no model"  # neither SUMMARY_MODEL nor CHAT_MODEL (with its endpoint) is configured
+    HERE = "here"  # switched off for this channel or its server
+
+
 class Status(StrEnum):
     READY = "ready"
     MISSING = "missing"  # the summary model failed; retried on a later day rollover
