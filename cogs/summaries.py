@@ -64,8 +64,8 @@ def off_sentence(off: Off, channel_id: int) -> str:
         Off.EVERYWHERE: "summaries are switched off for this bot (SUMMARY_ENABLED=false), so none are written or shown",
         Off.NO_MODEL: "no summary model is configured (SUMMARY_MODEL, or CHAT_MODEL with its endpoint), "
         "so no summaries are written",
-        Off.HERE: f"summaries are off in <#{channel_id}>, so none are written or shown there "
-        "(`/settings summaries enabled:true` turns them on)",
+        Off.HERE: f"summaries are off in <#{channel_id}>, so none are written or shown there; "
+        "`/settings summaries enabled:true` turns them on",
     }[off]
 
 
@@ -332,10 +332,11 @@ class Summaries(
         await interaction.response.defer(ephemeral=True, thinking=True)
         # an edited one is refused by the service, and the refusal says it was kept
         written = await summaries_of(interaction).regenerate(channel_id, interaction.guild_id, summary)
-        if written.status == Status.MISSING:
+        if written.last_error is not None:  # the model failed: a summary that was there stays as it was
+            kept = "is still missing" if written.status == Status.MISSING else "keeps its earlier text"
             text = (
-                f"The summary model failed, so summary #{written.id} ({written.period}) is still missing: "
-                f"{clip(written.last_error or 'no answer', 300)}. It is tried again at a later day rollover, "
+                f"The summary model failed, so summary #{written.id} ({written.period}) {kept}: "
+                f"{clip(written.last_error, 300)}. It is tried again at a later day rollover, "
                 "or now with `/summaries regenerate` or `/summaries backfill`."
             )
         elif written.status == Status.EMPTY:

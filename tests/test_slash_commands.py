@@ -68,7 +68,7 @@ async def test_the_tree_is_synced_with_nested_groups_and_permissions(harness: Sl
     sync = harness.fake.find(lambda c: c.method == "PUT" and c.path == f"/applications/{BOT_ID}/commands")
     assert len(sync) == 1
     commands = {command["name"]: command for command in sync[0].body or []}
-    assert set(commands) == {"memories", "personal", "settings", "privacy", "documents"}
+    assert set(commands) == {"memories", "personal", "settings", "privacy", "documents", "summaries"}
     assert int(commands["settings"]["default_member_permissions"]) == MANAGE_GUILD
     assert commands["memories"]["default_member_permissions"] is None
     assert commands["memories"]["contexts"] == [0] and sorted(commands["personal"]["contexts"]) == [0, 1]

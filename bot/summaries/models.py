@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
@@ -55,6 +56,8 @@ class Summary:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Summary:
         details = row["key_details"]
+        if isinstance(details, str):  # jsonb arrives as text: the pool sets no JSON codec
+            details = json.loads(details)
         return cls(
             id=row["id"],
             channel_id=row["channel_id"],
