@@ -95,6 +95,34 @@ def summaries_state(guild_id: int, switches: dict[int, bool], active: bool) -> s
     return text
 
 
+def history_recall_text(channel_id: int, enabled: bool) -> str:
+    if enabled:
+        return f"History recall is on in <#{channel_id}>: replies there may add older messages of that channel that match."
+    return (
+        f"History recall is off in <#{channel_id}>: its messages are still stored and chunked, "
+        "but replies there never add older chat."
+    )
+
+
+def summaries_switch_text(channel: SummaryChannel | None, enabled: bool, active: bool) -> str:
+    """What `/settings summaries` answers: which scope changed, and that a channel's own switch wins over the server's."""
+    if channel is not None:
+        text = (
+            f"Summaries are on in {channel.mention}: its finished chat days are summarised and carried in its prompts."
+            if enabled else f"Summaries are off in {channel.mention}: nothing there is summarised, and its prompts carry none."
+        )
+    else:
+        text = (
+            "Summaries are on in this whole server: each channel's finished chat days are summarised and carried "
+            "in its prompts (channels switched off one by one stay off)."
+            if enabled else "Summaries are off in this whole server: nothing is summarised, and prompts carry none "
+            "(channels switched on one by one keep theirs)."
+        )
+    if enabled and not active:
+        text += " None are written until a summary model is configured (SUMMARY_MODEL or CHAT_MODEL) and SUMMARY_ENABLED is true."
+    return text
+
+
 @app_commands.guild_only()
 @app_commands.default_permissions(manage_guild=True)
 class Settings(commands.GroupCog, group_name="settings", group_description="Deskmate's settings for this server (Manage Server)"):
@@ -232,14 +260,7 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         target = channel.id if channel is not None else interaction.channel_id
         assert target is not None
         await history.set_recall(target, self.guild_id(interaction), enabled)
-        if enabled:
-            text = f"History recall is on in <#{target}>: replies there may add older messages of that channel that match."
-        else:
-            text = (
-                f"History recall is off in <#{target}>: its messages are still stored and chunked, "
-                "but replies there never add older chat."
-            )
-        await reply(interaction, text)
+        await reply(interaction, history_recall_text(target, enabled))
 
     @app_commands.command(name="summaries", description="Whether the bot summarises each chat day, in this server or one channel")
     @app_commands.describe(
@@ -250,24 +271,7 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         guild_id = self.guild_id(interaction)
         summaries = services_of(interaction).summaries
         await summaries.set_enabled(channel.id if channel is not None else guild_id, guild_id, enabled)
-        if channel is not None:
-            where = f"in {channel.mention}"
-            text = (
-                f"Summaries are on {where}: its finished chat days are summarised and carried in its prompts."
-                if enabled else f"Summaries are off {where}: nothing there is summarised, and its prompts carry none."
-            )
-        else:
-            text = (
-                "Summaries are on in this whole server: each channel's finished chat days are summarised and carried "
-                "in its prompts (channels switched off one by one stay off)."
-                if enabled else "Summaries are off in this whole server: nothing is summarised, and prompts carry none "
-                "(channels switched on one by one keep theirs)."
-            )
-        if enabled and not summaries.active:
-            text += (
-                " None are written until a summary model is configured (SUMMARY_MODEL or CHAT_MODEL) and SUMMARY_ENABLED is true."
-            )
-        await reply(interaction, text)
+        await reply(interaction, summaries_switch_text(channel, enabled, summaries.active))
 
     # --- embeddings ---
 

@@ -407,7 +407,7 @@ async def test_dev_guild_sync_is_instant_and_guild_scoped(make_core) -> None:
             puts = fake.find(lambda c: c.method == "PUT")
             assert [c.path for c in puts] == [f"/applications/{BOT_ID}/guilds/{GUILD_ID}/commands"]
             names = {command["name"] for command in puts[0].body or []}
-            assert names == {"memories", "personal", "settings", "privacy", "documents"}
+            assert names == {"memories", "personal", "settings", "privacy", "documents", "summaries"}
         finally:
             await bot.close()
 
