@@ -1,4 +1,4 @@
-"""Command line: `python -m bot [run|console|simulate FILE|check|reembed|smoke|calibrate [--file FILE]|commands [--markdown]]`.
+"""Command line: `python -m bot [run|console|simulate FILE|check|reembed|summarize --backfill|smoke|calibrate|commands]`.
 
 Every failure a user can cause (bad settings, an unreachable database, a broken scenario file)
 ends with one clear sentence on stderr and a non-zero exit status, never a traceback.
@@ -50,12 +50,22 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("file", help="scenario file (JSON Lines, see shared/scenarios/FORMAT.md or the README)")
     commands.add_parser("check", help="verify limits and counters of every stored memory (exit 1 on problems)")
     commands.add_parser("reembed", help="embed every memory, chat chunk and document passage with the current model (resumable)")
+    summarize = commands.add_parser("summarize", help="write the missing channel summaries now (resumable)")
+    summarize.add_argument("--backfill", action="store_true", required=True, help="summarise the past chat days that need it")
+    summarize.add_argument("--days", type=_days, help="how many past chat days, 1–365 [default: SUMMARY_BACKFILL_DAYS]")
+    summarize.add_argument("--channel", type=int, help="only this channel (its id) [default: every channel with messages]")
     commands.add_parser("smoke", help="a short scripted conversation with the configured chat model (exit 1 on FAIL)")
     calibrate = commands.add_parser("calibrate", help="measure which MIN_SIMILARITY suits the configured embedder")
     calibrate.add_argument("--file", help="labelled pairs (JSON Lines) [default: tests/data/calibration.jsonl]")
     tree = commands.add_parser("commands", help="print the slash-command tree as JSON (no connection needed)")
     tree.add_argument("--markdown", action="store_true", help="print the command reference (docs/commands.md) instead")
     return parser
+
+
+def _days(raw: str) -> int:
+    if not raw.isdigit() or not 1 <= int(raw) <= 365:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of days from 1 to 365")
+    return int(raw)
 
 
 def _commands(as_markdown: bool) -> int:
@@ -126,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from bot.tools.reembed import main as reembed
 
             return reembed(settings)
+        if args.command == "summarize":
+            from bot.tools.summarize import main as summarize
+
+            return summarize(settings, args.days, args.channel)
         if args.command == "smoke":
             from bot.tools.smoke import run_cli as smoke
 

@@ -41,7 +41,10 @@ INVITE_PERMISSIONS = discord.Permissions(
     attach_files=True,
     read_message_history=True,
 )
-EXTENSIONS = ("cogs.errors", "cogs.memories", "cogs.personal", "cogs.settings", "cogs.privacy", "cogs.chat", "cogs.documents")
+EXTENSIONS = (
+    "cogs.errors", "cogs.memories", "cogs.personal", "cogs.settings", "cogs.privacy", "cogs.chat", "cogs.documents",
+    "cogs.summaries",
+)
 
 
 def setup_logging(settings: Settings) -> None:

@@ -26,7 +26,7 @@ from bot.chat.messages import IncomingMessage, UserRef
 from bot.chat.model import chat_configured
 from bot.chat.receipts import ReplyStatus
 from bot.config import Settings
-from bot.console_session import BOT_USER_ID, MENTION, CommandError, ServerCommands, local_id
+from bot.console_session import BOT_USER_ID, MENTION, SUMMARIES_USAGE, CommandError, ServerCommands, local_id
 from bot.errors import Refusal
 from bot.failures import database_sentence
 from bot.memory.clock import ManualClock
@@ -51,6 +51,7 @@ HELP = """Type a message to talk to the bot (as if you @mentioned it). Commands:
   /lore [add TEXT | remove ID]                          /receipt, /why  why the last reply used what it used
   /documents [add PATH | delete ID]  documents of the local server     /history [on|off]  this channel's chat history
   /stats [mine]        the memory viewer (writes a chart to DATA_DIR)   /rebuild        embed everything now, with progress
+  /summaries [show ID | regenerate ID | backfill [DAYS] | on|off]  this channel's day and week summaries (/day ends a day)
   /who                 where you are                    /help, /quit"""
 
 
@@ -63,6 +64,7 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "/memories": (r"\d*", "/memories [PAGE]"), "/mine": (r"\d*", "/mine [PAGE]"), "/day": (r"\d*", "/day [N]"),
     "/stats": (r"(mine)?", "/stats [mine]"), "/privacy": (r"(none|partial|full)?", "/privacy none|partial|full"),
     "/history": (r"(on|off)?", "/history [on|off]"),
+    "/summaries": (r"((show|regenerate) #?\d+|backfill( \d+)?|on|off)?", SUMMARIES_USAGE),
 }
 
 

@@ -25,6 +25,7 @@ from bot.memory.recall import MemoryCore
 from bot.servers.models import Privacy
 from bot.servers.service import Servers
 from bot.services import Services
+from bot.summaries.models import BackfillProgress, Off, Status, Summary, period_label
 from bot.tools.chart import buckets, days_unused_chart
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,12 @@ SETTING_COLUMNS = {
     "tagging": ("tagging", None),
 }
 SWITCH = {"on": True, "off": False, "true": True, "false": False, "yes": True, "no": False}
+SUMMARIES_USAGE = "/summaries [show ID | regenerate ID | backfill [DAYS] | on|off]"
+SUMMARIES_OFF = {
+    Off.EVERYWHERE: "summaries are switched off for this bot (SUMMARY_ENABLED=false), so none are written or shown",
+    Off.NO_MODEL: "no summary model is configured (SUMMARY_MODEL, or CHAT_MODEL with its endpoint), so no summaries are written",
+    Off.HERE: "summaries are off in this channel, so none are written or shown here; /summaries on turns them on",
+}
 
 
 def local_id(kind: str, name: str) -> int:
@@ -324,3 +331,69 @@ class ServerCommands(ConsoleSession):
         if not name or " " in name:
             raise CommandError(f"{usage} (one word)")
         return name
+
+    # --- channel summaries ---
+
+    async def cmd_summaries(self, rest: str) -> None:
+        """This channel's day and week summaries, as `/summaries` on Discord; `/day` ends a chat day, and the
+        channel's next message has it summarised in the background."""
+        action, _, value = rest.partition(" ")
+        action, value = action.lower(), value.strip()
+        summaries = self.services.summaries
+        if action in ("on", "off"):
+            await summaries.set_enabled(self.channel_id, self.guild_id, SWITCH[action])
+            self.show(f"summaries {action} in this channel" + ("" if SWITCH[action] else ": nothing here is summarised or shown"))
+            return
+        off = await summaries.why_off(self.channel_id, self.guild_id)
+        if off is not None:
+            raise CommandError(SUMMARIES_OFF[off])
+        if action == "show":
+            self._show_summary(await summaries.get(self.channel_id, self._memory_id(value, "/summaries show ID")))
+        elif action == "regenerate":
+            summary_id = self._memory_id(value, "/summaries regenerate ID")
+            written = await summaries.regenerate(self.channel_id, self.guild_id, summary_id)
+            if written.last_error is not None:
+                kept = "still missing" if written.status == Status.MISSING else "kept as it was"
+                self.show(f"the summary model failed, so #{written.id} {written.period} is {kept}: {written.last_error}")
+            else:
+                self._show_summary(written)
+        elif action == "backfill":
+            await self._backfill(int(value) if value.isdigit() else self.services.settings.summary_backfill_days)
+        elif action:
+            raise CommandError(SUMMARIES_USAGE)
+        else:
+            await summaries.settle()  # a day rollover may be summarising in the background right now
+            entries = await summaries.overview(self.channel_id)
+            self.show(f"summaries of this channel: {len(entries) or 'none yet (a chat day is summarised after it ends; /day)'}")
+            for entry in entries:
+                found = entry.summary
+                head = f"#{found.id}" if found is not None else "--"
+                period = found.period if found is not None else period_label(entry.kind, entry.period_start)
+                text = f" {' '.join(found.summary.split())[:100]}" if found is not None and found.summary else ""
+                self.show(f"  {head} {period} [{entry.state}]{text}")
+
+    def _show_summary(self, found: Summary) -> None:
+        marks = [found.status.value, f"{found.message_count} messages"]
+        if found.edited:
+            marks.append("edited: never overwritten")
+        if found.stale:
+            marks.append("stale")
+        self.show(f"summary #{found.id} {found.period} [{', '.join(marks)}]")
+        if found.summary:
+            self.show(f"  {found.summary}")
+        for detail in found.key_details:
+            self.show(f"  - {detail}")
+        if found.status == Status.MISSING and found.last_error:
+            self.show(f"  last error: {found.last_error}")
+
+    async def _backfill(self, days: int) -> None:
+        def progress(state: BackfillProgress) -> None:
+            if not state.finished:
+                self.show(f"  {state.line()}")
+
+        state = await self.services.summaries.catch_up(self.channel_id, self.guild_id, days=min(days, 365), progress=progress,
+                                                       retry_now=True)
+        self.show(f"backfill done: {state.line()}")
+        for failure in state.failed:
+            self.show(f"  failed: {failure}")
+        self.show("  running it again resumes: it only writes what is still missing")

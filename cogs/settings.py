@@ -20,6 +20,7 @@ from bot.memory.visibility import clean_text
 from bot.servers.models import GuildSettings
 from bot.servers.service import Servers
 from bot.upkeep import RebuildProgress, Upkeep
+from cogs.summaries import SummaryChannel
 from cogs.ui import COLOUR, Refused, TextModal, can_manage, clip, reply, sentence, services_of
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,46 @@ def settings_embed(guild: GuildSettings, persona: dict[str, Any], lore_count: in
     return embed
 
 
+def summaries_state(guild_id: int, switches: dict[int, bool], active: bool) -> str:
+    """The summaries line of the overview: the server's switch, and the channels that differ from it."""
+    server_on = switches.get(guild_id, True)
+    text = "on in this server" if server_on else "off in this server"
+    differ = [channel for channel, on in sorted(switches.items()) if channel != guild_id and on != server_on]
+    if differ:
+        text += ("; off in " if server_on else "; on in ") + " ".join(f"<#{channel}>" for channel in differ)
+    if not active:
+        text += " (none are written: no summary model is configured, or SUMMARY_ENABLED is false)"
+    return text
+
+
+def history_recall_text(channel_id: int, enabled: bool) -> str:
+    if enabled:
+        return f"History recall is on in <#{channel_id}>: replies there may add older messages of that channel that match."
+    return (
+        f"History recall is off in <#{channel_id}>: its messages are still stored and chunked, "
+        "but replies there never add older chat."
+    )
+
+
+def summaries_switch_text(channel: SummaryChannel | None, enabled: bool, active: bool) -> str:
+    """What `/settings summaries` answers: which scope changed, and that a channel's own switch wins over the server's."""
+    if channel is not None:
+        text = (
+            f"Summaries are on in {channel.mention}: its finished chat days are summarised and carried in its prompts."
+            if enabled else f"Summaries are off in {channel.mention}: nothing there is summarised, and its prompts carry none."
+        )
+    else:
+        text = (
+            "Summaries are on in this whole server: each channel's finished chat days are summarised and carried "
+            "in its prompts (channels switched off one by one stay off)."
+            if enabled else "Summaries are off in this whole server: nothing is summarised, and prompts carry none "
+            "(channels switched on one by one keep theirs)."
+        )
+    if enabled and not active:
+        text += " None are written until a summary model is configured (SUMMARY_MODEL or CHAT_MODEL) and SUMMARY_ENABLED is true."
+    return text
+
+
 @app_commands.guild_only()
 @app_commands.default_permissions(manage_guild=True)
 class Settings(commands.GroupCog, group_name="settings", group_description="Deskmate's settings for this server (Manage Server)"):
@@ -125,6 +166,9 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         off = await services_of(interaction).history.recall_off_channels(guild_id)
         shown = "on everywhere" if not off else "off in " + " ".join(f"<#{channel}>" for channel in off)
         embed.add_field(name="History recall", value=clip(shown, 1000), inline=False)
+        summaries = services_of(interaction).summaries
+        state = summaries_state(guild_id, await summaries.switches(guild_id), summaries.active)
+        embed.add_field(name="Channel summaries", value=clip(state, 1000), inline=False)
         await reply(interaction, embed=embed)
 
     @app_commands.command(name="notices", description="Where notices about memories the bot saved or forgot go, and how detailed")
@@ -216,14 +260,18 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         target = channel.id if channel is not None else interaction.channel_id
         assert target is not None
         await history.set_recall(target, self.guild_id(interaction), enabled)
-        if enabled:
-            text = f"History recall is on in <#{target}>: replies there may add older messages of that channel that match."
-        else:
-            text = (
-                f"History recall is off in <#{target}>: its messages are still stored and chunked, "
-                "but replies there never add older chat."
-            )
-        await reply(interaction, text)
+        await reply(interaction, history_recall_text(target, enabled))
+
+    @app_commands.command(name="summaries", description="Whether the bot summarises each chat day, in this server or one channel")
+    @app_commands.describe(
+        enabled="Off: nothing is summarised there, and no summaries are in its prompts",
+        channel="One channel (default: the whole server)",
+    )
+    async def summaries(self, interaction: discord.Interaction, enabled: bool, channel: SummaryChannel | None = None) -> None:
+        guild_id = self.guild_id(interaction)
+        summaries = services_of(interaction).summaries
+        await summaries.set_enabled(channel.id if channel is not None else guild_id, guild_id, enabled)
+        await reply(interaction, summaries_switch_text(channel, enabled, summaries.active))
 
     # --- embeddings ---
 

@@ -12,7 +12,7 @@ import io
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import discord
 from discord import app_commands
@@ -285,15 +285,25 @@ class OwnedView(discord.ui.View):
                 await self.interaction.edit_original_response(view=self)
 
 
+class Paged(Protocol):
+    """A page of any list shown with `send_paged`: a memory list's `Page`, the summaries of a channel."""
+
+    @property
+    def number(self) -> int: ...  # 0-based
+
+    @property
+    def pages(self) -> int: ...
+
+
 class PagedView(OwnedView):
-    """Buttons to move through the pages of a memory list; each press reads the page afresh."""
+    """Buttons to move through the pages of a list; each press reads the page afresh."""
 
     def __init__(
         self,
         owner_id: int,
-        fetch: Callable[[int], Awaitable[Page]],
-        render: Callable[[Page], discord.Embed],
-        page: Page,
+        fetch: Callable[[int], Awaitable[Any]],
+        render: Callable[[Any], discord.Embed],
+        page: Paged,
     ) -> None:
         super().__init__(owner_id)
         self.fetch = fetch
@@ -336,8 +346,8 @@ class PagedView(OwnedView):
 
 async def send_paged(
     interaction: discord.Interaction,
-    fetch: Callable[[int], Awaitable[Page]],
-    render: Callable[[Page], discord.Embed],
+    fetch: Callable[[int], Awaitable[Any]],
+    render: Callable[[Any], discord.Embed],
     number: int,
 ) -> None:
     """Send page `number` with paging buttons when there is more than one page."""

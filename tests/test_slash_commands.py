@@ -68,7 +68,7 @@ async def test_the_tree_is_synced_with_nested_groups_and_permissions(harness: Sl
     sync = harness.fake.find(lambda c: c.method == "PUT" and c.path == f"/applications/{BOT_ID}/commands")
     assert len(sync) == 1
     commands = {command["name"]: command for command in sync[0].body or []}
-    assert set(commands) == {"memories", "personal", "settings", "privacy", "documents"}
+    assert set(commands) == {"memories", "personal", "settings", "privacy", "documents", "summaries"}
     assert int(commands["settings"]["default_member_permissions"]) == MANAGE_GUILD
     assert commands["memories"]["default_member_permissions"] is None
     assert commands["memories"]["contexts"] == [0] and sorted(commands["personal"]["contexts"]) == [0, 1]
@@ -407,7 +407,7 @@ async def test_dev_guild_sync_is_instant_and_guild_scoped(make_core) -> None:
             puts = fake.find(lambda c: c.method == "PUT")
             assert [c.path for c in puts] == [f"/applications/{BOT_ID}/guilds/{GUILD_ID}/commands"]
             names = {command["name"] for command in puts[0].body or []}
-            assert names == {"memories", "personal", "settings", "privacy", "documents"}
+            assert names == {"memories", "personal", "settings", "privacy", "documents", "summaries"}
         finally:
             await bot.close()
 

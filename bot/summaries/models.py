@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
@@ -13,6 +14,14 @@ from zoneinfo import ZoneInfo
 class Kind(StrEnum):
     DAY = "day"
     WEEK = "week"
+
+
+class Off(StrEnum):
+    """Why a channel has no summaries written or shown: what the commands say instead of a list."""
+
+    EVERYWHERE = "everywhere"  # SUMMARY_ENABLED=false
+    NO_MODEL = "no model"  # neither SUMMARY_MODEL nor CHAT_MODEL (with its endpoint) is configured
+    HERE = "here"  # switched off for this channel or its server
 
 
 class Status(StrEnum):
@@ -47,6 +56,8 @@ class Summary:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Summary:
         details = row["key_details"]
+        if isinstance(details, str):  # jsonb arrives as text: the pool sets no JSON codec
+            details = json.loads(details)
         return cls(
             id=row["id"],
             channel_id=row["channel_id"],

@@ -14,7 +14,7 @@ from bot.db import Connection
 from bot.errors import InvalidInput, NotAllowed, NotFound
 from bot.prompt import HeadSummary, quoted
 from bot.summaries import store
-from bot.summaries.models import Kind, OverviewEntry, Status, Summary
+from bot.summaries.models import Kind, Off, OverviewEntry, Status, Summary
 from bot.summaries.work import SummaryWork
 from bot.summaries.writer import MAX_KEY_DETAILS, MAX_SUMMARY_CHARS
 from bot.tokens import count_tokens
@@ -43,6 +43,19 @@ class ChannelSummaries(SummaryWork):
             return False
         async with self.pool.acquire() as conn:
             return await store.switch_for(conn, [channel_id, *([guild_id] if guild_id else [])]) is not False
+
+    async def why_off(self, channel_id: int, guild_id: int | None) -> Off | None:
+        """Why no summaries are written or shown in a channel (None: they are), for the commands to say in one sentence."""
+        if not self.settings.summary_enabled:
+            return Off.EVERYWHERE
+        if not self.writer.configured:
+            return Off.NO_MODEL
+        return None if await self.is_enabled(channel_id, guild_id) else Off.HERE
+
+    async def switches(self, guild_id: int) -> dict[int, bool]:
+        """The server's own switch (keyed by its id) and its channels' switches; what is missing is on."""
+        async with self.pool.acquire() as conn:
+            return await store.switches(conn, guild_id)
 
     async def set_enabled(self, scope_id: int, guild_id: int | None, enabled: bool) -> None:
         """Summaries on or off for a server (scope_id = its id) or one channel."""

@@ -177,3 +177,9 @@ async def set_switch(conn: Connection, scope_id: int, guild_id: int | None, enab
         " ON CONFLICT (scope_id) DO UPDATE SET enabled = EXCLUDED.enabled, updated_at = now()",
         scope_id, guild_id, enabled,
     )
+
+
+async def switches(conn: Connection, guild_id: int) -> dict[int, bool]:
+    """Every switch of a server: its own (scope_id = the server's id) and its channels'."""
+    rows = await conn.fetch("SELECT scope_id, enabled FROM summary_switches WHERE guild_id = $1 OR scope_id = $1", guild_id)
+    return {row["scope_id"]: row["enabled"] for row in rows}
