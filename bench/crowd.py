@@ -42,9 +42,9 @@ from bench.locomo import (
     Variant,
     cached_token_counts,
     data_missing,
-    laid_out,
     load_samples,
     prefill,
+    reply_prompt,
     variant_core,
 )
 from bench.pg import BenchServer
@@ -52,7 +52,7 @@ from bot.config import Settings
 from bot.memory.clock import ManualClock
 from bot.memory.models import Conversation
 from bot.memory.recall import MemoryCore
-from bot.prompt import ChatLine, Persona, PromptInput, build_prompt, recalled_item
+from bot.prompt import ChatLine, Persona
 
 CONVERSATIONS_PER_SERVER = 5
 BLOCK = 4  # turns a conversation says before the next one takes its turn
@@ -174,19 +174,11 @@ class CrowdedServer:
         recall = await self.core.reply_search(
             Conversation(self.guild_id, self.channel_id, author, text, others, tuple(line.text for line in window))
         )
-        desk, tail = laid_out(recall, self.variant)
         answered = ChatLine(self.next_message, author, self.names[author], text)
         self.next_message += 1
-        prompt = build_prompt(
-            PromptInput(
-                persona=self.persona, lore=[], desk=desk, user_names=self.names, history=window,
-                tail=[recalled_item(s, self.names) for s in tail], answered=answered, now=self.clock.now(),
-                context_tokens=settings.chat_context_tokens, output_tokens=settings.chat_max_output_tokens,
-                memory_budget=settings.memory_token_budget,
-            )
-        )
+        prompt = reply_prompt(recall, self.variant, settings, self.persona, self.names, window, answered, self.clock.now())
         shown = prompt.shown_memory_ids
-        tally.desk_built += len(desk)
+        tally.desk_built += 0 if self.variant.retrieval else len(recall.desk)
         tally.desk_shown += len(prompt.desk_ids)
         tally.used += len(recall.used)
         tally.used_dropped += sum(1 for s in recall.used if s.memory.id not in shown)
@@ -230,7 +222,8 @@ async def run_variant(
     result["seconds"] = round(time.perf_counter() - started, 1)
     result["description"] = variant.description
     result["settings"] = {key: getattr(settings, key) for key in (
-        "max_used", "max_recalled", "lexical_weight", "desk_refresh", "memory_token_budget", "personal_memory_limit",
+        "max_used", "max_recalled", "lexical_weight", "desk_refresh", "memory_token_budget", "tail_reserve", "desk_fit",
+        "personal_memory_limit",
     )}
     return result
 

@@ -43,7 +43,7 @@ from bot.config import Settings
 from bot.db import create_pool
 from bot.memory.base import NewMemory
 from bot.memory.clock import ManualClock
-from bot.memory.models import Conversation, Memory, MemoryList, Recall, ScoredMemory, Source
+from bot.memory.models import Conversation, MemoryList, Recall, Source
 from bot.memory.recall import MemoryCore
 from bot.prompt import ChatLine, Persona, Prompt, PromptInput, build_prompt, recalled_item
 from bot.tokens import encoding
@@ -353,12 +353,25 @@ class _Channel:
     next_message: int = 1
 
 
-def laid_out(recall: Recall, variant: Variant) -> tuple[list[Memory], list[ScoredMemory]]:
-    """The desk and the tail memories of a reply, as the pipeline lays them out (or classic retrieval's)."""
+def reply_prompt(
+    recall: Recall, variant: Variant, settings: Settings, persona: Persona, names: dict[int, str],
+    window: Sequence[ChatLine], answered: ChatLine, now: datetime, *, budgets: tuple[int, int] | None = None,
+) -> Prompt:
+    """The reply's prompt as the pipeline builds it (or classic retrieval's: no desk, the used memories in the
+    tail); `budgets` = (context, memory) tokens, the settings' own when None."""
     if variant.retrieval:
-        return [], list(recall.used)
-    # this reply's recalls, then (DESK_REFRESH=daily) today's comebacks
-    return list(recall.desk), [*recall.recalled, *recall.held_back]
+        desk, tail, used = [], list(recall.used), []
+    else:  # this reply's recalls, then (DESK_REFRESH=daily) today's comebacks; used desk memories left out move to the tail
+        desk, tail, used = list(recall.desk), [*recall.recalled, *recall.held_back], list(recall.used)
+    context, memory = budgets or (settings.chat_context_tokens, settings.memory_token_budget)
+    return build_prompt(
+        PromptInput(
+            persona=persona, lore=[], desk=desk, user_names=names, history=window,
+            tail=[recalled_item(s, names) for s in tail], answered=answered, now=now,
+            context_tokens=context, output_tokens=settings.chat_max_output_tokens, memory_budget=memory,
+            used=used, desk_ranks=recall.desk_ranks, tail_reserve=settings.tail_reserve, desk_fit=settings.desk_fit,
+        )
+    )
 
 
 class Replay:
@@ -400,17 +413,11 @@ class Replay:
             Conversation(channel.guild_id, channel.channel_id, author, text, (channel.users[1 - speaker],),
                          tuple(line.text for line in window))
         )
-        desk, tail = laid_out(recall, variant)
-        self.tally.recalled += len(tail)
+        self.tally.recalled += len(recall.used) if variant.retrieval else len(recall.recalled) + len(recall.held_back)
         answered = ChatLine(channel.next_message, author, channel.names[author], text)
         channel.next_message += 1
-        prompt = build_prompt(
-            PromptInput(
-                persona=self.persona, lore=[], desk=desk, user_names=channel.names, history=window,
-                tail=[recalled_item(s, channel.names) for s in tail], answered=answered, now=self.clock.now(),
-                context_tokens=10**9, output_tokens=800, memory_budget=10**9,
-            )
-        )
+        prompt = reply_prompt(recall, variant, self.core.settings, self.persona, channel.names, window, answered,
+                              self.clock.now(), budgets=(10**9, 10**9))
         self.meter.measure(prompt, today, question, self.facts.memory_of_fact)
         channel.history.append(answered)
 

@@ -167,6 +167,10 @@ class ReplyPipeline:
                     output_tokens=settings.chat_max_output_tokens,
                     memory_budget=settings.memory_token_budget,
                     tools_tokens=count_tokens(json.dumps(tools)) if tools else 0,
+                    used=recall.used,
+                    desk_ranks=recall.desk_ranks,
+                    tail_reserve=settings.tail_reserve,
+                    desk_fit=settings.desk_fit,
                 )
             )
         except PromptTooLarge as exc:

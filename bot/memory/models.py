@@ -142,6 +142,9 @@ class Recall:
     held_back: list[ScoredMemory] = field(default_factory=list)
     """DESK_REFRESH=daily: memories that joined the desk today (saved, edited or recalled earlier
     today). They go in the prompt's tail, not its head, until the next chat day."""
+    desk_ranks: dict[int, int] = field(default_factory=dict)
+    """Rank of each desk memory inside its group (server list, or one person), 0 first: which ones the
+    prompt keeps when the desk is larger than its share of the budget (bot/memory/desk_ranks.py)."""
 
 
 @dataclass

@@ -146,6 +146,7 @@ class MemoryCore(MemoryWrites, BulkWrites, MemoryVectors):
             recalled=best_first(recalled),
             query_vector=vector,  # type: ignore[arg-type]
             held_back=best_first(held_back),
+            desk_ranks=self.desk_ranks.ranks(conversation.guild_id, persona, desk, today),
         )
 
     async def all_memories(self) -> list[Memory]:
