@@ -126,7 +126,8 @@ async def main(args: argparse.Namespace) -> int:
             try:
                 chosen = [v for v in crowd.CROWD_VARIANTS if v.name in args.crowd_variants.split(",")] \
                     if args.crowd_variants else None
-                results["crowd"] = await crowd.run(server, say, quick=quick, variants=chosen)
+                limits = args.crowd_limits.split(",") if args.crowd_limits else tuple(crowd.LIMITS)
+                results["crowd"] = await crowd.run(server, say, quick=quick, variants=chosen, limits=limits)
                 results["crowd_note"] = "quick run: one server of five conversations" if quick else ""
             except Exception as exc:
                 errors.append(f"crowded server: {type(exc).__name__}: {exc}")
@@ -158,6 +159,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--sections", help="comma-separated subset of recall,throughput,locomo,crowd; the others are kept from bench/results.json"
     )
     parser.add_argument("--crowd-variants", help="comma-separated subset of the crowded-server variants (development)")
+    parser.add_argument("--crowd-limits", help="unlimited and/or limit100 (development; both by default)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-locomo", action="store_true")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the search at each size")

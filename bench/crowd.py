@@ -66,6 +66,21 @@ CROWD_VARIANTS: tuple[Variant, ...] = (
     _BY_NAME["all_active"],
     _BY_NAME["topk10_hybrid"],
     _BY_NAME["decay_daily"],
+    Variant("decay_prefix", "the older desk rule: DESK_FIT=prefix, TAIL_RESERVE=0 (the desk in prompt order, then the tail)",
+            {"desk_fit": "prefix", "tail_reserve": 0.0}),
+    Variant("decay_used3", "MAX_USED=3 (SPEC's value)", {"max_used": 3}),
+    Variant("decay_used6", "MAX_USED=6", {"max_used": 6}),
+    Variant("decay_used10", "MAX_USED=10", {"max_used": 10}),
+    Variant("decay_used10_r40", "MAX_USED=10, TAIL_RESERVE=0.4", {"max_used": 10, "tail_reserve": 0.4}),
+    Variant("decay_used10_r15", "MAX_USED=10, TAIL_RESERVE=0.15", {"max_used": 10, "tail_reserve": 0.15}),
+    Variant("decay_used10_r50", "MAX_USED=10, TAIL_RESERVE=0.5", {"max_used": 10, "tail_reserve": 0.5}),
+    Variant("decay_used6_r40", "MAX_USED=6, TAIL_RESERVE=0.4", {"max_used": 6, "tail_reserve": 0.4}),
+    Variant("decay_used10_r40_rec5", "MAX_USED=10, TAIL_RESERVE=0.4, MAX_RECALLED=5",
+            {"max_used": 10, "tail_reserve": 0.4, "max_recalled": 5}),
+    Variant("decay_used10_r40_rec20", "MAX_USED=10, TAIL_RESERVE=0.4, MAX_RECALLED=20",
+            {"max_used": 10, "tail_reserve": 0.4, "max_recalled": 20}),
+    Variant("decay_used10_r40_prefix", "MAX_USED=10, TAIL_RESERVE=0.4, DESK_FIT=prefix",
+            {"max_used": 10, "tail_reserve": 0.4, "desk_fit": "prefix"}),
 )
 
 
@@ -81,12 +96,16 @@ class CrowdTally(Tally):
     recalled_dropped: int = 0
     gold_forgotten: float = 0.0
     by_position: dict[int, list[float]] = field(default_factory=dict)
+    forgotten_by_position: dict[int, list[float]] = field(default_factory=dict)
+    gold_rejected: float = 0.0
+    held_by_position: dict[int, list[float]] = field(default_factory=dict)  # gold in prompt among the gold still held
 
     def result(self) -> dict[str, Any]:
         replies, questions = max(self.replies, 1), max(self.questions, 1)
         figures: dict[str, Any] = dict(super().result())
-        positions = {str(p): round(sum(g) / max(len(g), 1), 4) for p, g in sorted(self.by_position.items())}
+        positions = _means(self.by_position)
         lowest, highest = min(positions.values(), default=0.0), max(positions.values(), default=0.0)
+        held = _means(self.held_by_position)
         figures |= {
             "desk_built_per_reply": round(self.desk_built / replies, 1),
             "desk_shown_per_reply": round(self.desk_shown / replies, 1),
@@ -97,8 +116,16 @@ class CrowdTally(Tally):
             "gold_by_position": positions,
             "fairness": round(lowest / highest, 4) if highest else 0.0,
             "gold_forgotten": round(self.gold_forgotten / questions, 4),
+            "gold_forgotten_by_position": _means(self.forgotten_by_position),
+            "gold_rejected": round(self.gold_rejected / questions, 4),
+            "held_gold_by_position": held,
+            "fairness_held": round(min(held.values()) / max(held.values()), 4) if held and max(held.values()) else 0.0,
         }
         return figures
+
+
+def _means(values: dict[int, list[float]]) -> dict[str, float]:
+    return {str(key): round(sum(v) / max(len(v), 1), 4) for key, v in sorted(values.items())}
 
 
 def calendar(samples: Sequence[Sample]) -> list[list[date]]:
@@ -189,7 +216,15 @@ class CrowdedServer:
             self.history.append(answered)
             return
         tally.by_position.setdefault(voice.position, []).append(gold)
-        tally.gold_forgotten += sum(1 for f in question.gold if f in voice.facts.forgotten_facts) / len(question.gold)
+        facts = voice.facts
+        forgotten = sum(1 for f in question.gold if f in facts.forgotten_facts) / len(question.gold)
+        tally.gold_forgotten += forgotten
+        tally.forgotten_by_position.setdefault(voice.position, []).append(forgotten)
+        tally.gold_rejected += sum(1 for f in question.gold if f in facts.rejected_facts) / len(question.gold)
+        held = [f for f in question.gold if f in facts.memory_of_fact]
+        if held:  # the budget's fairness alone: of the gold the lists still hold, the share in the prompt
+            present = sum(1 for f in held if facts.memory_of_fact[f] in shown)
+            tally.held_by_position.setdefault(voice.position, []).append(present / len(held))
 
 
 async def run_variant(
@@ -230,6 +265,7 @@ async def run_variant(
 
 async def run(
     server: BenchServer, say: Callable[[str], None], *, quick: bool = False, variants: Sequence[Variant] | None = None,
+    limits: Sequence[str] = tuple(LIMITS),
 ) -> dict[str, Any]:
     """Every variant at both list limits; `quick`: one server (five conversations). {} when the data is missing."""
     if data_missing(say, "The crowded-server section"):
@@ -239,7 +275,7 @@ async def run(
     results: dict[str, Any] = {}
     with cached_token_counts():
         for variant in variants or CROWD_VARIANTS:
-            for limit in LIMITS:
+            for limit in limits:
                 name = variant.name + ("" if limit == "unlimited" else "_l100")
                 results[name] = await run_variant(server, samples, variant, limit, say)
                 r = results[name]

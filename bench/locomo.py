@@ -323,6 +323,7 @@ class FactMemories:
         self.memory_of_fact: dict[int, int] = {}
         self.fact_of_memory: dict[int, int] = {}
         self.forgotten_facts: set[int] = set()
+        self.rejected_facts: set[int] = set()
 
     async def save(self, fact_index: int, text: str, owner: int, guild_id: int) -> None:
         result = await self.core.save(
@@ -336,6 +337,7 @@ class FactMemories:
                 self.forgotten_facts.add(gone_fact)
         if result.saved is None:
             self.tally.rejected += 1
+            self.rejected_facts.add(fact_index)
             return
         self.memory_of_fact[fact_index] = result.saved.id
         self.fact_of_memory[result.saved.id] = fact_index

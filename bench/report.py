@@ -133,8 +133,9 @@ def crowd_table(results: dict[str, Any]) -> list[str]:
         return [*lines, results.get("crowd_note") or "not run"]
     lines += [
         "| variant | gold in prompt | all gold | memory tok/reply | billed tok/reply | prefix stable | same day"
-        " | desk built / shown | used dropped | recalled dropped | gold by position 0–4 | fairness | gold forgotten |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        " | desk built / shown | used dropped | recalled dropped | gold by position 0–4 | fairness | fairness, held gold"
+        " | gold forgotten / rejected |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for name, r in crowd.items():
         positions = " / ".join(_fmt(value, 2) for value in r["gold_by_position"].values())
@@ -143,12 +144,14 @@ def crowd_table(results: dict[str, Any]) -> list[str]:
             _fmt(r["billed_tokens_per_reply"], 0), _fmt(r["prefix_stable"], 3), _fmt(r["prefix_stable_same_day"], 3),
             f"{_fmt(r['desk_built_per_reply'], 0)} / {_fmt(r['desk_shown_per_reply'], 0)}",
             _fmt(r["used_dropped_per_reply"], 2), _fmt(r["recalled_dropped_per_reply"], 2), positions,
-            _fmt(r["fairness"], 2), _fmt(r["gold_forgotten"], 3),
+            _fmt(r["fairness"], 2), _fmt(r.get("fairness_held"), 2),
+            f"{_fmt(r['gold_forgotten'], 3)} / {_fmt(r.get('gold_rejected'), 3)}",
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     first = next(iter(crowd.values()))
     lines.append(f"\n{first.get('replies', 0):,} replies, {first.get('questions', 0):,} questions scored per variant;"
-                 " used / recalled dropped = per reply, matched memories the budget kept out of the prompt.")
+                 " used / recalled dropped = per reply, matched memories the budget kept out of the prompt;"
+                 " fairness = lowest / highest gold by position; held gold = the same over the gold the lists still held.")
     if results.get("crowd_note"):
         lines.append(results["crowd_note"])
     return lines
