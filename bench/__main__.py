@@ -124,7 +124,7 @@ async def main(args: argparse.Namespace) -> int:
         if "crowd" in sections:
             say("== 4. A crowded server under the memory budget")
             try:
-                chosen = [v for v in crowd.CROWD_VARIANTS if v.name in args.crowd_variants.split(",")] \
+                chosen = [v for v in (*crowd.CROWD_VARIANTS, *crowd.EXTRA_VARIANTS) if v.name in args.crowd_variants.split(",")] \
                     if args.crowd_variants else None
                 limits = args.crowd_limits.split(",") if args.crowd_limits else tuple(crowd.LIMITS)
                 results["crowd"] = await crowd.run(server, say, quick=quick, variants=chosen, limits=limits)

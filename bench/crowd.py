@@ -66,14 +66,20 @@ CROWD_VARIANTS: tuple[Variant, ...] = (
     _BY_NAME["all_active"],
     _BY_NAME["topk10_hybrid"],
     _BY_NAME["decay_daily"],
-    Variant("decay_prefix", "the older desk rule: DESK_FIT=prefix, TAIL_RESERVE=0 (the desk in prompt order, then the tail)",
+    Variant("decay_prefix", "the older desk cut: DESK_FIT=prefix, TAIL_RESERVE=0 (the desk in prompt order, then the tail)",
             {"desk_fit": "prefix", "tail_reserve": 0.0}),
     Variant("decay_used3", "MAX_USED=3 (SPEC's value)", {"max_used": 3}),
+    Variant("decay_r25", "TAIL_RESERVE=0.25", {"tail_reserve": 0.25}),
+)
+# tried during development (`--crowd-variants`), each at the values it names; BENCHMARKS.md has their figures
+EXTRA_VARIANTS: tuple[Variant, ...] = (
     Variant("decay_used6", "MAX_USED=6", {"max_used": 6}),
     Variant("decay_used10", "MAX_USED=10", {"max_used": 10}),
     Variant("decay_used10_r40", "MAX_USED=10, TAIL_RESERVE=0.4", {"max_used": 10, "tail_reserve": 0.4}),
     Variant("decay_used10_r15", "MAX_USED=10, TAIL_RESERVE=0.15", {"max_used": 10, "tail_reserve": 0.15}),
     Variant("decay_used10_r50", "MAX_USED=10, TAIL_RESERVE=0.5", {"max_used": 10, "tail_reserve": 0.5}),
+    Variant("decay_used12_r50", "MAX_USED=12, TAIL_RESERVE=0.5", {"max_used": 12, "tail_reserve": 0.5}),
+    Variant("decay_used15_r50", "MAX_USED=15, TAIL_RESERVE=0.5", {"max_used": 15, "tail_reserve": 0.5}),
     Variant("decay_used6_r40", "MAX_USED=6, TAIL_RESERVE=0.4", {"max_used": 6, "tail_reserve": 0.4}),
     Variant("decay_used10_r40_rec5", "MAX_USED=10, TAIL_RESERVE=0.4, MAX_RECALLED=5",
             {"max_used": 10, "tail_reserve": 0.4, "max_recalled": 5}),

@@ -164,7 +164,7 @@ class Variant:
     retrieval: int = 0  # > 0: no desk at all, only the best `retrieval` memories by score, near the end
 
 
-SPEC_RULES = {"lexical_weight": 0.0, "max_recalled": 0}  # the rules as written: cosine alone, recalled = used
+SPEC_RULES = {"lexical_weight": 0.0, "max_recalled": 0, "max_used": 3}  # the rules as written: cosine alone, recalled = used
 VARIANTS: tuple[Variant, ...] = (
     Variant("decay", "the defaults, list limits large enough to hold every fact"),
     Variant("decay_l100", "the defaults with the default list limits (100)",
@@ -178,8 +178,9 @@ VARIANTS: tuple[Variant, ...] = (
             {"max_recalled": 0, "max_used": 10, "min_similarity": -1.0}, retrieval=10),
     Variant("decay_daily", "the defaults with DESK_REFRESH=daily: the desk of a chat day is the one of its first reply",
             {"desk_refresh": "daily"}),
-    Variant("decay_spec", "the rules as written: LEXICAL_WEIGHT=0 (cosine alone), MAX_RECALLED=0 (recalled = used)",
-            SPEC_RULES),
+    Variant("decay_spec", "the rules as written: LEXICAL_WEIGHT=0 (cosine alone), MAX_RECALLED=0 (recalled = used),"
+            " MAX_USED=3", SPEC_RULES),
+    Variant("decay_used3", "the defaults with SPEC's MAX_USED=3 (the default before the budget work)", {"max_used": 3}),
     Variant("decay_cosine", "LEXICAL_WEIGHT=0 (cosine alone), MAX_RECALLED=10", {"lexical_weight": 0.0}),
     Variant("decay_recalled0", "LEXICAL_WEIGHT=0.5, MAX_RECALLED=0 (recalled = used)", {"max_recalled": 0}),
     Variant("decay_daily_spec", "DESK_REFRESH=daily with the rules as written", {**SPEC_RULES, "desk_refresh": "daily"}),

@@ -129,7 +129,7 @@ class PromptInput:
     tools_tokens: int = 0
     used: Sequence[ScoredMemory] = ()  # this reply's used memories: those the desk's share cannot hold go to the tail
     desk_ranks: Mapping[int, int] | None = None  # which desk memories a group keeps first (bot.memory.desk_ranks)
-    tail_reserve: float = 0.25  # TAIL_RESERVE: the share of memory_budget kept for the tail
+    tail_reserve: float = 0.5  # TAIL_RESERVE: the share of memory_budget kept for the tail
     desk_fit: str = "fair"  # DESK_FIT: how the desk is cut to its share (bot.desk_fit)
 
 
