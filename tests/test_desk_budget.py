@@ -8,8 +8,9 @@ prompt builder alone; the last ones replay a day through the real memory core an
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, timedelta
 
 from bot.chat.receipts import memory_reasons
 from bot.desk_fit import water_fill
@@ -18,8 +19,9 @@ from bot.memory.clock import ManualClock
 from bot.memory.models import Conversation, Memory, MemoryList, Recall, ScoredMemory, Source
 from bot.prompt import DESK_SHARE, MATCHED_KIND, ChatLine, Persona, PromptInput, build_prompt, recalled_item
 from tests.conftest import MakeCore
+from tests.test_prompt import NOW
+from tests.test_prompt import memory as personal_memory
 
-NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
 GUILD = 77
 PEOPLE = [1_000 + i for i in range(10)]
 NAMES = {user: f"Person {i}" for i, user in enumerate(PEOPLE)}
@@ -27,11 +29,9 @@ HOBBIES = ("pottery", "chess", "sailing", "baking", "climbing", "violin", "garde
 
 
 def memory(memory_id: int, owner: int, text: str, used_days_ago: int | None = None) -> Memory:
-    return Memory(
-        id=memory_id, list=MemoryList.PERSONAL, guild_id=None, owner_id=owner, persona_id=1, text=text, tags=(),
-        channel_ids=(), source=Source.BOT, protected=False, days_unused=0, last_aged_on=date(2026, 3, 1),
-        last_used_at=None if used_days_ago is None else NOW - timedelta(days=used_days_ago), created_by=owner,
-        created_at=NOW - timedelta(days=30), updated_at=NOW,
+    return dataclasses.replace(
+        personal_memory(memory_id, text, owner=owner), created_by=owner, created_at=NOW - timedelta(days=30),
+        last_used_at=None if used_days_ago is None else NOW - timedelta(days=used_days_ago),
     )
 
 
