@@ -1,7 +1,8 @@
 """`python -m bench [--quick]`: every benchmark, a table on stdout, `bench/results.json`.
 
 Full run: recall at 10k, 100k and 1M memories, throughput on the 100k data, LoCoMo (all variants),
-and the generated block of BENCHMARKS.md is refreshed. `--quick`: 10k and 100k, fewer replies,
+the crowded server under the memory budget (section 4), and the generated block of BENCHMARKS.md is
+refreshed. `--quick`: 10k and 100k, fewer replies,
 two LoCoMo conversations, BENCHMARKS.md left alone. The benchmark starts its own PostgreSQL in a
 temporary directory (or uses BENCH_DATABASE_URL) and drops every database it creates.
 """
