@@ -1,7 +1,8 @@
 """`python -m bench [--quick]`: every benchmark, a table on stdout, `bench/results.json`.
 
 Full run: recall at 10k, 100k and 1M memories, throughput on the 100k data, LoCoMo (all variants),
-and the generated block of BENCHMARKS.md is refreshed. `--quick`: 10k and 100k, fewer replies,
+the crowded server under the memory budget (section 4), and the generated block of BENCHMARKS.md is
+refreshed. `--quick`: 10k and 100k, fewer replies,
 two LoCoMo conversations, BENCHMARKS.md left alone. The benchmark starts its own PostgreSQL in a
 temporary directory (or uses BENCH_DATABASE_URL) and drops every database it creates.
 """
@@ -18,12 +19,13 @@ import traceback
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import locomo, recall, report, synth, throughput
+from bench import crowd, locomo, recall, report, synth, throughput
 from bench.pg import bench_server
 
 FULL_SIZES = (10_000, 100_000, 1_000_000)
 QUICK_SIZES = (10_000, 100_000)
 THROUGHPUT_SIZE = 100_000
+SECTIONS = ("recall", "throughput", "locomo", "crowd")
 
 
 def say(text: str) -> None:
@@ -50,16 +52,16 @@ async def main(args: argparse.Namespace) -> int:
         "locomo": {},
         "load_average": {"start": load_average()},
     }
-    sections = set(args.sections.split(",")) if args.sections else {"recall", "throughput", "locomo"}
-    if not sections <= {"recall", "throughput", "locomo"}:
-        raise SystemExit(f"--sections takes recall, throughput, locomo; got {args.sections}")
-    merged = sections != {"recall", "throughput", "locomo"}
+    sections = set(args.sections.split(",")) if args.sections else set(SECTIONS)
+    if not sections <= set(SECTIONS):
+        raise SystemExit(f"--sections takes {', '.join(SECTIONS)}; got {args.sections}")
+    merged = sections != set(SECTIONS)
     if merged and report.RESULTS.is_file():  # re-run some sections, keep the others of the last run
         previous = json.loads(report.RESULTS.read_text(encoding="utf-8"))
         results = {**previous, "load_average": {"start": load_average()}, "quick": quick}
         if "recall" in sections:
             results["recall"] = {}
-        first = {section: previous.get("date", "") for section in ("recall", "throughput", "locomo")}
+        first = {section: previous.get("date", "") for section in ("recall", "throughput", "locomo") if section in previous}
         results["dates"] = {**first, **previous.get("dates", {})}
     results.setdefault("dates", {})
     for section in sections:
@@ -120,6 +122,17 @@ async def main(args: argparse.Namespace) -> int:
             except Exception as exc:
                 errors.append(f"LoCoMo: {type(exc).__name__}: {exc}")
                 traceback.print_exc()
+        if "crowd" in sections:
+            say("== 4. A crowded server under the memory budget")
+            try:
+                chosen = [v for v in (*crowd.CROWD_VARIANTS, *crowd.EXTRA_VARIANTS) if v.name in args.crowd_variants.split(",")] \
+                    if args.crowd_variants else None
+                limits = args.crowd_limits.split(",") if args.crowd_limits else tuple(crowd.LIMITS)
+                results["crowd"] = await crowd.run(server, say, quick=quick, variants=chosen, limits=limits)
+                results["crowd_note"] = "quick run: one server of five conversations" if quick else ""
+            except Exception as exc:
+                errors.append(f"crowded server: {type(exc).__name__}: {exc}")
+                traceback.print_exc()
     results["load_average"]["end"] = load_average()
     results["seconds"] = round(time.perf_counter() - started)
     if errors:
@@ -144,8 +157,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--throughput-replies", type=int, help="replies per phase in section 2")
     parser.add_argument("--locomo-conversations", type=int, help="only the first N LoCoMo conversations")
     parser.add_argument(
-        "--sections", help="comma-separated subset of recall,throughput,locomo; the others are kept from bench/results.json"
+        "--sections", help="comma-separated subset of recall,throughput,locomo,crowd; the others are kept from bench/results.json"
     )
+    parser.add_argument("--crowd-variants", help="comma-separated subset of the crowded-server variants (development)")
+    parser.add_argument("--crowd-limits", help="unlimited and/or limit100 (development; both by default)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-locomo", action="store_true")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the search at each size")

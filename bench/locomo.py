@@ -25,12 +25,13 @@ bot's settings (MEMORY_DECAY_ENABLED, list limits, DESK_REFRESH, MAX_RECALLED, L
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -42,7 +43,7 @@ from bot.config import Settings
 from bot.db import create_pool
 from bot.memory.base import NewMemory
 from bot.memory.clock import ManualClock
-from bot.memory.models import Conversation, Memory, MemoryList, ScoredMemory, Source
+from bot.memory.models import Conversation, MemoryList, Recall, Source
 from bot.memory.recall import MemoryCore
 from bot.prompt import ChatLine, Persona, Prompt, PromptInput, build_prompt, recalled_item
 from bot.tokens import encoding
@@ -163,7 +164,7 @@ class Variant:
     retrieval: int = 0  # > 0: no desk at all, only the best `retrieval` memories by score, near the end
 
 
-SPEC_RULES = {"lexical_weight": 0.0, "max_recalled": 0}  # the rules as written: cosine alone, recalled = used
+SPEC_RULES = {"lexical_weight": 0.0, "max_recalled": 0, "max_used": 3}  # the rules as written: cosine alone, recalled = used
 VARIANTS: tuple[Variant, ...] = (
     Variant("decay", "the defaults, list limits large enough to hold every fact"),
     Variant("decay_l100", "the defaults with the default list limits (100)",
@@ -177,8 +178,9 @@ VARIANTS: tuple[Variant, ...] = (
             {"max_recalled": 0, "max_used": 10, "min_similarity": -1.0}, retrieval=10),
     Variant("decay_daily", "the defaults with DESK_REFRESH=daily: the desk of a chat day is the one of its first reply",
             {"desk_refresh": "daily"}),
-    Variant("decay_spec", "the rules as written: LEXICAL_WEIGHT=0 (cosine alone), MAX_RECALLED=0 (recalled = used)",
-            SPEC_RULES),
+    Variant("decay_spec", "the rules as written: LEXICAL_WEIGHT=0 (cosine alone), MAX_RECALLED=0 (recalled = used),"
+            " MAX_USED=3", SPEC_RULES),
+    Variant("decay_used3", "the defaults with SPEC's MAX_USED=3 (the default before the budget work)", {"max_used": 3}),
     Variant("decay_cosine", "LEXICAL_WEIGHT=0 (cosine alone), MAX_RECALLED=10", {"lexical_weight": 0.0}),
     Variant("decay_recalled0", "LEXICAL_WEIGHT=0.5, MAX_RECALLED=0 (recalled = used)", {"max_recalled": 0}),
     Variant("decay_daily_spec", "DESK_REFRESH=daily with the rules as written", {**SPEC_RULES, "desk_refresh": "daily"}),
@@ -264,19 +266,115 @@ def shared_prefix(previous: Sequence[tuple[int, ...]], current: Sequence[tuple[i
 # --- the replay ----------------------------------------------------------------------------------------
 
 
+class PromptMeter:
+    """Per-channel prompt measurements: head stability, billed tokens under prompt caching, gold in prompt.
+
+    Shared by every replay of the benchmark (two people per server here, a crowded server in
+    `bench.crowd`), so both sections measure prompts the same way.
+    """
+
+    def __init__(self, tally: Tally) -> None:
+        self.tally = tally
+        self.tokens = PromptTokens()
+        self.previous_head: str | None = None
+        self.previous_tokens: list[tuple[int, ...]] = []
+        self.previous_day: date | None = None
+
+    def measure(self, prompt: Prompt, today: date, question: Question | None, memory_of_fact: dict[int, int]) -> float:
+        """Count one reply's prompt; for a question, the fraction of its gold facts in the prompt (else 0)."""
+        tally = self.tally
+        memory_tokens = prompt.tokens.server_memories + prompt.tokens.personal_memories + prompt.tokens.tail
+        head = prompt.messages[0]["content"]
+        messages = [
+            self.tokens.message(m, cache=0 < i < len(prompt.messages) - 1) if not (i == 0 and head == self.previous_head)
+            else self.previous_tokens[0]
+            for i, m in enumerate(prompt.messages)
+        ]
+        total = sum(len(m) for m in messages)
+        shared = shared_prefix(self.previous_tokens, messages) if self.previous_tokens else 0
+        tally.replies += 1
+        tally.memory_tokens += memory_tokens
+        tally.prompt_tokens += total
+        tally.billed += 0.1 * shared + (total - shared)
+        if self.previous_head is not None:
+            stable = head == self.previous_head
+            tally.pairs += 1
+            tally.stable += stable
+            if self.previous_day == today:
+                tally.same_day_pairs += 1
+                tally.same_day_stable += stable
+        self.previous_head, self.previous_tokens, self.previous_day = head, messages, today
+        if question is None:
+            return 0.0
+        shown = prompt.shown_memory_ids
+        present = sum(1 for f in question.gold if memory_of_fact.get(f) in shown)
+        tally.questions += 1
+        tally.question_memory_tokens += memory_tokens
+        tally.gold_fraction += present / len(question.gold)
+        tally.all_gold += present == len(question.gold)
+        return present / len(question.gold)
+
+
+class FactMemories:
+    """Which memory holds which fact: saves facts as personal memories and follows what forgetting removes."""
+
+    def __init__(self, core: MemoryCore, tally: Tally) -> None:
+        self.core = core
+        self.tally = tally
+        self.memory_of_fact: dict[int, int] = {}
+        self.fact_of_memory: dict[int, int] = {}
+        self.forgotten_facts: set[int] = set()
+        self.rejected_facts: set[int] = set()
+
+    async def save(self, fact_index: int, text: str, owner: int, guild_id: int) -> None:
+        result = await self.core.save(
+            NewMemory(list=MemoryList.PERSONAL, text=text, by=owner, via=Source.BOT, guild_id=guild_id, owner_id=owner)
+        )
+        for gone in result.forgotten:
+            self.tally.forgotten += 1
+            gone_fact = self.fact_of_memory.pop(gone.id, None)
+            if gone_fact is not None:
+                self.memory_of_fact.pop(gone_fact, None)
+                self.forgotten_facts.add(gone_fact)
+        if result.saved is None:
+            self.tally.rejected += 1
+            self.rejected_facts.add(fact_index)
+            return
+        self.memory_of_fact[fact_index] = result.saved.id
+        self.fact_of_memory[result.saved.id] = fact_index
+
+
 @dataclass
 class _Channel:
-    """Per-conversation replay state: the context window and the previous reply's prompt."""
+    """Per-conversation replay state: the context window."""
 
     guild_id: int
     channel_id: int
     users: tuple[int, int]
     names: dict[int, str]
     history: list[ChatLine] = field(default_factory=list)
-    previous_head: str | None = None
-    previous_tokens: list[tuple[int, ...]] = field(default_factory=list)
-    previous_day: date | None = None
     next_message: int = 1
+
+
+def reply_prompt(
+    recall: Recall, variant: Variant, settings: Settings, persona: Persona, names: dict[int, str],
+    window: Sequence[ChatLine], answered: ChatLine, now: datetime, *, budgets: tuple[int, int] | None = None,
+) -> Prompt:
+    """The reply's prompt as the pipeline builds it (or classic retrieval's: no desk, the used memories in the
+    tail); `budgets` = (context, memory) tokens, the settings' own when None."""
+    if variant.retrieval:
+        desk, tail, used = [], list(recall.used), []
+    else:  # this reply's recalls, then (DESK_REFRESH=daily) today's comebacks; used desk memories left out move to the tail
+        desk, tail, used = list(recall.desk), [*recall.recalled, *recall.held_back], list(recall.used)
+    context, memory = budgets or (settings.chat_context_tokens, settings.memory_token_budget)
+    return build_prompt(
+        PromptInput(
+            persona=persona, lore=[], desk=desk, user_names=names, history=window,
+            tail=[recalled_item(s, names) for s in tail], answered=answered, now=now,
+            context_tokens=context, output_tokens=settings.chat_max_output_tokens, memory_budget=memory,
+            used=used, desk_ranks=recall.desk_ranks, tail_reserve=settings.tail_reserve, desk_fit=settings.desk_fit,
+        )
+    )
 
 
 class Replay:
@@ -291,9 +389,8 @@ class Replay:
         guild = 7_000_000 + index
         users = (guild * 100 + 1, guild * 100 + 2)
         self.channel = _Channel(guild, guild * 10 + 1, users, dict(zip(users, sample.speakers, strict=True)))
-        self.memory_of_fact: dict[int, int] = {}
-        self.fact_of_memory: dict[int, int] = {}
-        self.tokens = PromptTokens()
+        self.facts = FactMemories(core, tally)
+        self.meter = PromptMeter(tally)
         self.persona = Persona(core.settings.default_persona_name, core.settings.default_persona_prompt)
 
     async def run(self) -> None:
@@ -309,21 +406,7 @@ class Replay:
         self.tally.skipped_questions += self.sample.skipped_questions
 
     async def save(self, fact: Fact) -> None:
-        owner = self.channel.users[fact.speaker]
-        result = await self.core.save(
-            NewMemory(list=MemoryList.PERSONAL, text=fact.text, by=owner, via=Source.BOT,
-                      guild_id=self.channel.guild_id, owner_id=owner)
-        )
-        for gone in result.forgotten:
-            self.tally.forgotten += 1
-            fact_index = self.fact_of_memory.pop(gone.id, None)
-            if fact_index is not None:
-                self.memory_of_fact.pop(fact_index, None)
-        if result.saved is None:
-            self.tally.rejected += 1
-            return
-        self.memory_of_fact[fact.index] = result.saved.id
-        self.fact_of_memory[result.saved.id] = fact.index
+        await self.facts.save(fact.index, fact.text, self.channel.users[fact.speaker], self.channel.guild_id)
 
     async def reply(self, speaker: int, text: str, question: Question | None) -> None:
         channel, variant, today = self.channel, self.variant, self.clock.now().date()
@@ -333,81 +416,85 @@ class Replay:
             Conversation(channel.guild_id, channel.channel_id, author, text, (channel.users[1 - speaker],),
                          tuple(line.text for line in window))
         )
-        desk: list[Memory]
-        tail: list[ScoredMemory]
-        if variant.retrieval:
-            desk, tail = [], list(recall.used)
-        else:  # as the pipeline lays it out: this reply's recalls, then (DESK_REFRESH=daily) today's comebacks
-            desk, tail = list(recall.desk), [*recall.recalled, *recall.held_back]
-        self.tally.recalled += len(tail)
+        self.tally.recalled += len(recall.used) if variant.retrieval else len(recall.recalled) + len(recall.held_back)
         answered = ChatLine(channel.next_message, author, channel.names[author], text)
         channel.next_message += 1
-        prompt = build_prompt(
-            PromptInput(
-                persona=self.persona, lore=[], desk=desk, user_names=channel.names, history=window,
-                tail=[recalled_item(s, channel.names) for s in tail], answered=answered, now=self.clock.now(),
-                context_tokens=10**9, output_tokens=800, memory_budget=10**9,
-            )
-        )
-        self.measure(prompt, today, question)
+        prompt = reply_prompt(recall, variant, self.core.settings, self.persona, channel.names, window, answered,
+                              self.clock.now(), budgets=(10**9, 10**9))
+        self.meter.measure(prompt, today, question, self.facts.memory_of_fact)
         channel.history.append(answered)
-        channel.previous_day = today
-
-    def measure(self, prompt: Prompt, today: date, question: Question | None) -> None:
-        tally, channel = self.tally, self.channel
-        memory_tokens = prompt.tokens.server_memories + prompt.tokens.personal_memories + prompt.tokens.tail
-        head = prompt.messages[0]["content"]
-        messages = [
-            self.tokens.message(m, cache=0 < i < len(prompt.messages) - 1) if not (i == 0 and head == channel.previous_head)
-            else channel.previous_tokens[0]
-            for i, m in enumerate(prompt.messages)
-        ]
-        total = sum(len(m) for m in messages)
-        shared = shared_prefix(channel.previous_tokens, messages) if channel.previous_tokens else 0
-        tally.replies += 1
-        tally.memory_tokens += memory_tokens
-        tally.prompt_tokens += total
-        tally.billed += 0.1 * shared + (total - shared)
-        if channel.previous_head is not None:
-            stable = head == channel.previous_head
-            tally.pairs += 1
-            tally.stable += stable
-            if channel.previous_day == today:
-                tally.same_day_pairs += 1
-                tally.same_day_stable += stable
-        channel.previous_head, channel.previous_tokens = head, messages
-        if question is not None:
-            shown = prompt.shown_memory_ids
-            present = sum(1 for f in question.gold if self.memory_of_fact.get(f) in shown)
-            tally.questions += 1
-            tally.question_memory_tokens += memory_tokens
-            tally.gold_fraction += present / len(question.gold)
-            tally.all_gold += present == len(question.gold)
 
 
-async def run_variant(
-    server: BenchServer, samples: list[Sample], embedder: CachingEmbedder, variant: Variant, say: Callable[[str], None]
-) -> dict[str, Any]:
-    started = time.perf_counter()
-    tally = Tally()
-    async with server.database(f"locomo_{variant.name}") as url:
+@contextlib.asynccontextmanager
+async def variant_core(server: BenchServer, database: str, settings: Settings) -> AsyncIterator[tuple[MemoryCore, ManualClock]]:
+    """A memory core with `settings` on a fresh database of the benchmark's server, and its clock."""
+    async with server.database(database) as url:
         pool = await create_pool(url, max_size=2)
         try:
-            settings = Settings().with_overrides(
-                **{"personal_memory_limit": UNLIMITED, "server_memory_limit": UNLIMITED, **variant.overrides}
-            )
             clock = ManualClock()
-            core = MemoryCore(pool, embedder, settings, clock)
-            for index, sample in enumerate(samples):
-                await Replay(core, clock, variant, sample, index, tally).run()
-                say(f"  {variant.name}: conversation {index + 1}/{len(samples)}, {tally.replies:,} replies,"
-                    f" {time.perf_counter() - started:.0f} s")
+            yield MemoryCore(pool, shared_embedder(), settings, clock), clock
         finally:
             await pool.close()
+
+
+_EMBEDDER: list[CachingEmbedder] = []
+
+
+def shared_embedder() -> CachingEmbedder:
+    """The one caching embedder of this benchmark process (every section and variant shares its vectors)."""
+    if not _EMBEDDER:
+        from bot.memory.embeddings import BuiltinEmbedder
+
+        _EMBEDDER.append(CachingEmbedder(BuiltinEmbedder()))
+    return _EMBEDDER[0]
+
+
+def prefill(samples: Sequence[Sample], say: Callable[[str], None], label: str) -> None:
+    """Embed every text of the replay once, in batches, before any variant runs."""
+    texts = [t.text for s in samples for session in s.sessions for t in session.turns]
+    texts += [f.text for s in samples for f in s.facts] + [q.text for s in samples for q in s.questions]
+    began = time.perf_counter()
+    shared_embedder().prefill(texts)
+    say(f"  {label}: {len(samples)} conversations, {len(set(texts)):,} distinct texts embedded"
+        f" in {time.perf_counter() - began:.0f} s")
+
+
+@contextlib.contextmanager
+def cached_token_counts() -> Iterator[None]:
+    """The prompt builder counts the tokens of every desk line on every reply; the counts are a pure
+    function of the text, so caching them changes no figure and makes a replay several times faster."""
+    import bot.prompt
+
+    original = bot.prompt.count_tokens
+    bot.prompt.count_tokens = functools.lru_cache(maxsize=1 << 18)(original)
+    try:
+        yield
+    finally:
+        bot.prompt.count_tokens = original
+
+
+async def run_variant(server: BenchServer, samples: list[Sample], variant: Variant, say: Callable[[str], None]) -> dict[str, Any]:
+    started = time.perf_counter()
+    tally = Tally()
+    settings = Settings().with_overrides(
+        **{"personal_memory_limit": UNLIMITED, "server_memory_limit": UNLIMITED, **variant.overrides}
+    )
+    async with variant_core(server, f"locomo_{variant.name}", settings) as (core, clock):
+        for index, sample in enumerate(samples):
+            await Replay(core, clock, variant, sample, index, tally).run()
+            say(f"  {variant.name}: conversation {index + 1}/{len(samples)}, {tally.replies:,} replies,"
+                f" {time.perf_counter() - started:.0f} s")
     result = tally.result()
     result["seconds"] = round(time.perf_counter() - started, 1)
     result["description"] = variant.description
     return result
+
+
+def data_missing(say: Callable[[str], None], label: str) -> bool:
+    if LOCOMO_PATH.is_file():
+        return False
+    say(f"{label} skipped: {LOCOMO_PATH} is missing (its license forbids copying it into the repository).")
+    return True
 
 
 async def run(
@@ -415,33 +502,16 @@ async def run(
     conversations: int | None = None,
 ) -> dict[str, Any]:
     """Every variant on the same data; {} with a note when the data is missing."""
-    if not LOCOMO_PATH.is_file():  # noqa: ASYNC240 - one stat call
-        say(f"LoCoMo skipped: {LOCOMO_PATH} is missing (its license forbids copying it into the repository).")
+    if data_missing(say, "LoCoMo"):
         return {}
     samples = load_samples()
     if conversations:
         samples = samples[:conversations]
     elif quick:
         samples = samples[:2]
-    from bot.memory.embeddings import BuiltinEmbedder
-
-    embedder = CachingEmbedder(BuiltinEmbedder())
-    texts = [t.text for s in samples for session in s.sessions for t in session.turns]
-    texts += [f.text for s in samples for f in s.facts] + [q.text for s in samples for q in s.questions]
-    began = time.perf_counter()
-    embedder.prefill(texts)
-    say(f"  LoCoMo: {len(samples)} conversations, {len(set(texts)):,} distinct texts embedded"
-        f" in {time.perf_counter() - began:.0f} s")
+    prefill(samples, say, "LoCoMo")
     results: dict[str, Any] = {}
-    # The prompt builder counts the tokens of every desk line on every reply; the counts are a pure
-    # function of the text, so caching them changes no figure and makes the replay several times faster.
-    import bot.prompt
-
-    original = bot.prompt.count_tokens
-    bot.prompt.count_tokens = functools.lru_cache(maxsize=1 << 18)(original)
-    try:
+    with cached_token_counts():
         for variant in variants or VARIANTS:
-            results[variant.name] = await run_variant(server, samples, embedder, variant, say)
-    finally:
-        bot.prompt.count_tokens = original
+            results[variant.name] = await run_variant(server, samples, variant, say)
     return results

@@ -121,7 +121,40 @@ def table(results: dict[str, Any]) -> str:
         lines.append(f"\n{first.get('replies', 0):,} replies, {scored:,} questions scored; {skipped} skipped (no gold fact).")
         if results.get("locomo_note"):
             lines.append(results["locomo_note"])
+    lines += crowd_table(results)
     return "\n".join(lines)
+
+
+def crowd_table(results: dict[str, Any]) -> list[str]:
+    """Section 4: each variant with unlimited lists and (`_l100`) the default limit of 100."""
+    crowd = results.get("crowd", {})
+    lines = ["", "### 4. A crowded server (10 people, one channel, MEMORY_TOKEN_BUDGET 4000; questions the day after)", ""]
+    if not crowd:
+        return [*lines, results.get("crowd_note") or "not run"]
+    lines += [
+        "| variant | gold in prompt | all gold | memory tok/reply | billed tok/reply | prefix stable | same day"
+        " | desk built / shown | used dropped | recalled dropped | gold by position 0–4 | fairness | fairness, held gold"
+        " | gold forgotten / rejected |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for name, r in crowd.items():
+        positions = " / ".join(_fmt(value, 2) for value in r["gold_by_position"].values())
+        cells = [
+            _fmt(r["gold_in_prompt"], 3), _fmt(r["all_gold_rate"], 3), _fmt(r["memory_tokens_per_reply"], 0),
+            _fmt(r["billed_tokens_per_reply"], 0), _fmt(r["prefix_stable"], 3), _fmt(r["prefix_stable_same_day"], 3),
+            f"{_fmt(r['desk_built_per_reply'], 0)} / {_fmt(r['desk_shown_per_reply'], 0)}",
+            _fmt(r["used_dropped_per_reply"], 2), _fmt(r["recalled_dropped_per_reply"], 2), positions,
+            _fmt(r["fairness"], 2), _fmt(r.get("fairness_held"), 2),
+            f"{_fmt(r['gold_forgotten'], 3)} / {_fmt(r.get('gold_rejected'), 3)}",
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    first = next(iter(crowd.values()))
+    lines.append(f"\n{first.get('replies', 0):,} replies, {first.get('questions', 0):,} questions scored per variant;"
+                 " used / recalled dropped = per reply, matched memories the budget kept out of the prompt;"
+                 " fairness = lowest / highest gold by position; held gold = the same over the gold the lists still held.")
+    if results.get("crowd_note"):
+        lines.append(results["crowd_note"])
+    return lines
 
 
 def write_results(results: dict[str, Any]) -> None:

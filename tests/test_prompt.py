@@ -130,18 +130,37 @@ def test_personal_memories_are_grouped_by_user_with_global_flag() -> None:
     assert '{"id": 6, "text": "Juno lives in Oslo", "global": true}' in head
 
 
-def test_memory_budget_cuts_the_desk_by_order_then_recalled_by_similarity() -> None:
+def test_memory_budget_prefix_rule_cuts_the_desk_by_order_then_recalled_by_similarity() -> None:
+    """DESK_FIT=prefix with no tail reserve: the older rule (the desk in prompt order, then the tail)."""
     fact = "Server fact number {} about the weekly schedule of the club and the many members who attend it"
     desk = [memory(i, fact.format(i)) for i in range(1, 11)]
     per_line = count_tokens(json.dumps({"id": 1, "text": fact.format(1)})) + 1
     strong = recalled_item(ScoredMemory(memory(20, "strong match"), 0.9), {})
     weak = recalled_item(ScoredMemory(memory(21, "weak match"), 0.4), {})
     budget = per_line * 3 + count_tokens(strong.text) + 1  # the desk comes first; then room for the strong match only
-    prompt = build_prompt(prompt_input(desk=desk, tail=[weak, strong], memory_budget=budget))
+    prompt = build_prompt(
+        prompt_input(desk=desk, tail=[weak, strong], memory_budget=budget, desk_fit="prefix", tail_reserve=0.0)
+    )
     assert prompt.desk_ids == (1, 2, 3)
     assert [item.key for item in prompt.tail] == ["memory:20"]
     assert {d.key for d in prompt.dropped} == {f"memory:{i}" for i in range(4, 11)} | {"memory:21"}
-    assert all(d.reason == "memory budget" for d in prompt.dropped)
+    assert {d.reason for d in prompt.dropped} == {"memory budget: desk share", "memory budget: tail share"}
+
+
+def test_memory_budget_keeps_a_share_for_the_tail_and_moves_cut_matches_there() -> None:
+    """The default rule: the desk gets MEMORY_TOKEN_BUDGET minus the tail's reserve; a used desk memory it
+    cannot hold is shown in the tail; the recalled memory keeps its room."""
+    fact = "Server fact number {} about the weekly schedule of the club and the many members who attend it"
+    desk = [memory(i, fact.format(i)) for i in range(1, 11)]
+    per_line = count_tokens(json.dumps({"id": 1, "text": fact.format(1)})) + 1
+    strong = recalled_item(ScoredMemory(memory(20, "strong match"), 0.9), {})
+    budget = per_line * 8
+    used = [ScoredMemory(desk[0], 0.8)]
+    prompt = build_prompt(prompt_input(desk=desk, tail=[strong], memory_budget=budget, used=used, tail_reserve=0.25))
+    assert len(prompt.desk_ids) == 6 and 1 not in prompt.desk_ids, "the six most recently saved fit the desk's share"
+    assert {item.key for item in prompt.tail} == {"memory:20", "memory:1"}
+    assert prompt.moved_ids == (1,)
+    assert {d.reason for d in prompt.dropped} == {"memory budget: desk share"}
 
 
 def test_context_budget_drops_oldest_history_then_tail_never_the_answer() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from bot.config import Settings
-from bot.tools.simulate import ScenarioError, simulate
+from bot.tools.simulate import ScenarioError, parse_scenario, ran_with, scenario_settings, simulate
 from tests.conftest import SHARED
 
 OWN = sorted((Path(__file__).parent / "scenarios").glob("*.jsonl"))
@@ -147,3 +147,12 @@ async def test_a_label_that_stored_a_memory_cannot_be_used_again(pg_server_url: 
              SAVE.format(label="a", text="The raid is on Thursday", extra="")]
     with pytest.raises(ScenarioError, match="line 2: the label 'a' is already used by an earlier save"):
         await simulate(lines, Settings(database_url=pg_server_url), lambda _: None, builtin=builtin_embedder)
+
+
+def test_simulate_says_the_rule_settings_it_runs_with() -> None:
+    """A scenario's results depend on the rule settings; the ones SPEC's values rely on are set in the file."""
+    worked = (Path(__file__).parent / "scenarios" / "worked-example.jsonl").read_text().splitlines()
+    settings, _ = scenario_settings(Settings(), parse_scenario(worked))
+    line = ran_with(settings)
+    assert "MAX_USED=3 " in line and "DORMANT_AFTER_DAYS=7 " in line
+    assert f"MAX_USED={Settings().max_used} " in ran_with(Settings())

@@ -206,7 +206,7 @@ async def test_as_many_as_a_search_recalls_within_the_memory_budget(world: World
         shown = [item for item in outcome.prompt.tail if item.is_memory]
         assert 0 < len(shown) < len(outcome.recall.by_text)  # the budget held: some were left out
         assert outcome.prompt.tokens.tail <= 60
-        assert {d.reason for d in outcome.prompt.dropped} == {"memory budget"}
+        assert {d.reason for d in outcome.prompt.dropped} == {"memory budget: tail share"}
         assert {item["id"] for item in outcome.receipt.recalled} == {item.memory_id for item in shown}
     finally:
         for built in (two, only_used, tight):

@@ -14,7 +14,7 @@ from bot.chat.messages import IncomingMessage
 from bot.chat.notices import MemoryChange
 from bot.chat.sources import BY_TEXT
 from bot.memory.models import Recall
-from bot.prompt import Prompt, user_label
+from bot.prompt import DESK_SHARE, TAIL_SHARE, Prompt, user_label
 from bot.tokens import count_tokens
 
 LEGACY_SOURCES = {"history": "chat history", "documents": "documents"}
@@ -77,6 +77,8 @@ class Receipt:
     tail_tokens: dict[str, int] = field(default_factory=dict)  # tail tokens per kind
     nothing_added_because: str | None = None  # nothing recalled at all (memories, history, documents): why
     summaries: list[dict[str, Any]] = field(default_factory=list)  # channel summaries in the head: key, period, tokens
+    memories: list[dict[str, Any]] = field(default_factory=list)  # every memory of the reply: where, why, ids
+    desk_shares: dict[str, int] = field(default_factory=dict)  # tokens of the desk's share per group ("0" = server)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -119,8 +121,15 @@ class Receipt:
             lines.append(f"the search failed ({self.search_failure}); what says {BY_TEXT} was found by the message's words")
         if self.summaries:
             lines.append("channel summaries: " + ", ".join(f"{s['period']} ({s['tokens']} tokens)" for s in self.summaries))
-        if self.dropped:
-            lines.append("left out: " + ", ".join(f"{item['key']} ({item['reason']})" for item in self.dropped))
+        for group in self.memories:  # receipts stored before this field existed have none
+            if group["where"] != "desk":
+                ids = group["ids"]
+                more = f" and {len(ids) - 12} more" if len(ids) > 12 else ""
+                lines.append(f"{group['where']}: " + ", ".join(f"#{i}" for i in ids[:12]) + f"{more} ({group['why']})")
+        # memories left out are said above, with why; older receipts only have this list
+        dropped = [item for item in self.dropped if not (self.memories and item["key"].startswith("memory:"))]
+        if dropped:
+            lines.append("left out: " + ", ".join(f"{item['key']} ({item['reason']})" for item in dropped))
         parts = token_parts(self.tokens)
         if self.tail_tokens:
             parts += " [near the end: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in self.tail_tokens.items()) + "]"
@@ -259,11 +268,54 @@ def _receipt_tail(
     else:
         overall = "nothing relevant"
     return {
+        "memories": memory_reasons(recall, prompt),
+        "desk_shares": {str(group): tokens for group, tokens in prompt.desk_shares.items()} if prompt else {},
         "desk_detail": desk_detail,
         "sources": sources,
         "tail_tokens": tail_tokens,
         "nothing_added_because": overall,
     }
+
+
+def memory_reasons(recall: Recall, prompt: Prompt | None) -> list[dict[str, Any]]:
+    """Every memory the reply's search gave the prompt (desk, recalled, today's comebacks), grouped by where it
+    went (`desk`, `tail`, `left out`) and why, including the budget share that cut it: `[{where, why, ids}]`."""
+    if prompt is None:
+        return []
+    on_desk, in_tail = set(prompt.desk_ids), {item.memory_id for item in prompt.tail}
+    moved, used = set(prompt.moved_ids), {s.memory.id for s in recall.used}
+    cut = {d.key: d.reason for d in prompt.dropped}
+    groups: dict[tuple[str, str], list[int]] = {}
+
+    def left_out(memory_id: int) -> tuple[str, str]:
+        reason = cut.get(f"memory:{memory_id}", "")
+        if reason == DESK_SHARE:
+            why = "cut by the budget: its group's part of the desk's share of MEMORY_TOKEN_BUDGET was full (less recently used)"
+        elif reason == TAIL_SHARE:
+            why = "cut by the budget: the tail's share of MEMORY_TOKEN_BUDGET was full (lower score)"
+        else:
+            why = "cut by CHAT_CONTEXT_TOKENS" if reason else "not in the prompt"
+        return "left out", why
+
+    for memory in recall.desk:
+        if memory.id in on_desk:
+            key = ("desk", "on the desk, matched this message" if memory.id in used else "on the desk")
+        elif memory.id in moved:
+            key = ("tail", "matched this message; the desk's share of MEMORY_TOKEN_BUDGET could not hold it")
+        else:
+            key = left_out(memory.id)
+        groups.setdefault(key, []).append(memory.id)
+    comebacks = {s.memory.id for s in recall.held_back}
+    for scored in (*recall.recalled, *recall.held_back):
+        memory_id = scored.memory.id
+        if memory_id not in in_tail:
+            key = left_out(memory_id)
+        elif memory_id in comebacks:
+            key = ("tail", "joined the desk today (DESK_REFRESH=daily), shown near the end until the next chat day")
+        else:
+            key = ("tail", "recalled from the drawer: it matches this message")
+        groups.setdefault(key, []).append(memory_id)
+    return [{"where": where, "why": why, "ids": ids} for (where, why), ids in groups.items()]
 
 
 def dry_run_text(recall: Recall, receipt: Receipt, names: dict[int, str]) -> str:

@@ -183,6 +183,10 @@ class ReplyPipeline:
                     tools_tokens=count_tokens(json.dumps(tools)) if tools else 0,
                     summaries=summaries,
                     summary_budget=settings.summary_token_budget,
+                    used=recall.used,
+                    desk_ranks=recall.desk_ranks,
+                    tail_reserve=settings.tail_reserve,
+                    desk_fit=settings.desk_fit,
                 )
             )
         except PromptTooLarge as exc:

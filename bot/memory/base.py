@@ -14,6 +14,7 @@ from bot.db import SERVER_STARTS
 from bot.memory import store
 from bot.memory.clock import Clock, SystemClock
 from bot.memory.desk_cache import DeskCache
+from bot.memory.desk_ranks import DeskRanks
 from bot.memory.embeddings import Embedder, EmbeddingError
 from bot.memory.models import Memory, MemoryList, Rejection, SaveResult, Source
 from bot.servers.service import Servers
@@ -70,6 +71,8 @@ class MemoryBase:
         # desk memories already built, so each reply's search returns only what changed (exact:
         # checked against row versions by the statement; see bot/memory/desk_cache.py)
         self.desk_cache = DeskCache()
+        # which desk memories the prompt keeps first when the desk outgrows its budget (frozen per chat day)
+        self.desk_ranks = DeskRanks()
 
     # --- small helpers ---------------------------------------------------------------------
 

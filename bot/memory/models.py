@@ -146,6 +146,9 @@ class Recall:
     """When the message could not be embedded (the search failed): dormant memories that share words
     with it, best text rank first (`similarity` holds the rank). Shown in the tail, read-only: the
     failed search changed no counter, and finding them by text changes none either."""
+    desk_ranks: dict[int, int] = field(default_factory=dict)
+    """Rank of each desk memory inside its group (server list, or one person), 0 first: which ones the
+    prompt keeps when the desk is larger than its share of the budget (bot/memory/desk_ranks.py)."""
 
 
 @dataclass

@@ -151,6 +151,7 @@ class MemoryCore(MemoryWrites, BulkWrites, MemoryVectors):
             query_vector=vector,  # type: ignore[arg-type]
             held_back=best_first(held_back),
             by_text=by_text,
+            desk_ranks=self.desk_ranks.ranks(conversation.guild_id, persona, desk, today),
         )
 
     async def _found_by_text(self, conversation: Conversation, persona: int, shown: list[int]) -> list[ScoredMemory]:

@@ -302,6 +302,16 @@ async def run_steps(
         emit(out)
 
 
+RULE_SETTINGS = ("dormant_after_days", "max_used", "max_recalled", "lexical_weight", "min_similarity", "desk_refresh",
+                 "server_memory_limit", "personal_memory_limit")
+
+
+def ran_with(settings: Settings) -> str:
+    """The settings of the memory rules a run used, as environment variables: a scenario's results depend on them,
+    and a scenario that relies on a default should say it with a `settings` step."""
+    return "settings " + " ".join(f"{name.upper()}={getattr(settings, name)}" for name in RULE_SETTINGS)
+
+
 def scenario_settings(base: Settings, steps: list[tuple[int, dict[str, Any]]]) -> tuple[Settings, str]:
     """The run's settings and embedder name after the optional first `settings` step."""
     if not steps or steps[0][1]["op"] != "settings":
