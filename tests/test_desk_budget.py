@@ -174,3 +174,17 @@ def test_the_receipt_says_for_every_memory_why_it_was_in_the_prompt_or_left_out(
     cut = [i for i, (place, _) in where.items() if place == "left out"]
     assert cut and all("cut by the budget" in where[i][1] and "desk's share" in where[i][1] for i in cut)
     assert set(prompt.desk_ids) == {i for i, (place, _) in where.items() if place == "desk"}
+
+
+async def test_with_decay_off_the_desk_takes_the_whole_budget(make_core: MakeCore, clock: ManualClock, chat) -> None:
+    """Nothing is matched or recalled with decay off, so a share kept for the tail would only be wasted room."""
+    from tests.recall_helpers import GUILD as WORLD_GUILD
+    from tests.recall_helpers import JUNO, build_world
+
+    world = await build_world(make_core, clock, chat.base_url, memory_decay_enabled=False, memory_token_budget=600)
+    for k in range(14):
+        text = f"The server's book club read novel number {k} and met at the library on a rainy evening"
+        assert (await world.core.save(NewMemory(MemoryList.SERVER, text, by=JUNO, guild_id=WORLD_GUILD))).saved
+    outcome = await world.pipeline.reply(world.message(JUNO, "what did the book club read?"))
+    assert outcome.prompt is not None and len(outcome.prompt.desk_ids) == 14  # ~400 tokens: more than half of 600
+    assert not outcome.prompt.dropped

@@ -185,7 +185,8 @@ class ReplyPipeline:
                     summary_budget=settings.summary_token_budget,
                     used=recall.used,
                     desk_ranks=recall.desk_ranks,
-                    tail_reserve=settings.tail_reserve,
+                    # with decay off nothing is used or recalled: the desk may take the whole budget
+                    tail_reserve=settings.tail_reserve if self.core.decay_active else 0.0,
                     desk_fit=settings.desk_fit,
                 )
             )
