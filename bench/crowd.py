@@ -201,7 +201,7 @@ class CrowdedServer:
         self.tally.skipped_questions += sum(voice.sample.skipped_questions for voice in self.voices)
 
     async def reply(self, voice: _Voice, author: int, text: str, question: Question | None) -> None:
-        tally, settings, today = self.tally, self.core.settings, self.clock.now().date()
+        tally, today = self.tally, self.clock.now().date()
         window = self.history[-CONTEXT_MESSAGES:]
         others = tuple(dict.fromkeys(line.author_id for line in reversed(window) if line.author_id != author))
         recall = await self.core.reply_search(
@@ -209,7 +209,7 @@ class CrowdedServer:
         )
         answered = ChatLine(self.next_message, author, self.names[author], text)
         self.next_message += 1
-        prompt = reply_prompt(recall, self.variant, settings, self.persona, self.names, window, answered, self.clock.now())
+        prompt = reply_prompt(recall, self.variant, self.core, self.persona, self.names, window, answered, self.clock.now())
         shown = prompt.shown_memory_ids
         tally.desk_built += 0 if self.variant.retrieval else len(recall.desk)
         tally.desk_shown += len(prompt.desk_ids)

@@ -357,7 +357,7 @@ class _Channel:
 
 
 def reply_prompt(
-    recall: Recall, variant: Variant, settings: Settings, persona: Persona, names: dict[int, str],
+    recall: Recall, variant: Variant, core: MemoryCore, persona: Persona, names: dict[int, str],
     window: Sequence[ChatLine], answered: ChatLine, now: datetime, *, budgets: tuple[int, int] | None = None,
 ) -> Prompt:
     """The reply's prompt as the pipeline builds it (or classic retrieval's: no desk, the used memories in the
@@ -366,13 +366,14 @@ def reply_prompt(
         desk, tail, used = [], list(recall.used), []
     else:  # this reply's recalls, then (DESK_REFRESH=daily) today's comebacks; used desk memories left out move to the tail
         desk, tail, used = list(recall.desk), [*recall.recalled, *recall.held_back], list(recall.used)
+    settings = core.settings
     context, memory = budgets or (settings.chat_context_tokens, settings.memory_token_budget)
     return build_prompt(
         PromptInput(
             persona=persona, lore=[], desk=desk, user_names=names, history=window,
             tail=[recalled_item(s, names) for s in tail], answered=answered, now=now,
             context_tokens=context, output_tokens=settings.chat_max_output_tokens, memory_budget=memory,
-            used=used, desk_ranks=recall.desk_ranks, tail_reserve=settings.tail_reserve, desk_fit=settings.desk_fit,
+            used=used, desk_ranks=recall.desk_ranks, tail_reserve=core.tail_reserve, desk_fit=settings.desk_fit,
         )
     )
 
@@ -419,7 +420,7 @@ class Replay:
         self.tally.recalled += len(recall.used) if variant.retrieval else len(recall.recalled) + len(recall.held_back)
         answered = ChatLine(channel.next_message, author, channel.names[author], text)
         channel.next_message += 1
-        prompt = reply_prompt(recall, variant, self.core.settings, self.persona, channel.names, window, answered,
+        prompt = reply_prompt(recall, variant, self.core, self.persona, channel.names, window, answered,
                               self.clock.now(), budgets=(10**9, 10**9))
         self.meter.measure(prompt, today, question, self.facts.memory_of_fact)
         channel.history.append(answered)

@@ -185,8 +185,7 @@ class ReplyPipeline:
                     summary_budget=settings.summary_token_budget,
                     used=recall.used,
                     desk_ranks=recall.desk_ranks,
-                    # with decay off nothing is used or recalled: the desk may take the whole budget
-                    tail_reserve=settings.tail_reserve if self.core.decay_active else 0.0,
+                    tail_reserve=self.core.tail_reserve,
                     desk_fit=settings.desk_fit,
                 )
             )

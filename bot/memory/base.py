@@ -81,6 +81,12 @@ class MemoryBase:
         """Decay needs the switch on and an embedding model; otherwise all stays active."""
         return self.settings.memory_decay_enabled and self.embedder.space is not None
 
+    @property
+    def tail_reserve(self) -> float:
+        """The share of MEMORY_TOKEN_BUDGET kept for this reply's matches (TAIL_RESERVE). With decay off nothing is
+        matched or recalled, so none is kept and the desk may take the whole budget."""
+        return self.settings.tail_reserve if self.decay_active else 0.0
+
     def is_dormant(self, memory: Memory) -> bool:
         return self.decay_active and memory.days_unused >= self.settings.dormant_after_days
 
