@@ -50,8 +50,7 @@ async def prompt_summaries(
     statement: it runs on every reply.
     """
     rows = await conn.fetch(
-        "WITH switch AS (SELECT coalesce((SELECT enabled FROM summary_switches WHERE scope_id = ANY ($5::bigint[])"
-        "  ORDER BY array_position($5::bigint[], scope_id) LIMIT 1), true) AS enabled_here)"
+        f"WITH switch AS (SELECT coalesce(({first_switch('$5')}), true) AS enabled_here)"
         f" (SELECT {COLUMNS} FROM channel_summaries WHERE (SELECT enabled_here FROM switch) AND channel_id = $1 AND kind = 'week'"
         "  AND status = 'ready' ORDER BY period_start DESC LIMIT $2)"
         f" UNION ALL (SELECT {COLUMNS} FROM channel_summaries WHERE (SELECT enabled_here FROM switch) AND channel_id = $1"
@@ -164,11 +163,17 @@ async def forget_author(conn: Connection, user_id: int) -> int:
     return int(status.split()[-1])
 
 
+def first_switch(scopes: str) -> str:
+    """SQL: the switch of the first of the `scopes` array that has one (a channel, then its server), or NULL."""
+    return (
+        f"SELECT enabled FROM summary_switches WHERE scope_id = ANY ({scopes}::bigint[])"
+        f" ORDER BY array_position({scopes}::bigint[], scope_id) LIMIT 1"
+    )
+
+
 async def switch_for(conn: Connection, scope_ids: Sequence[int]) -> bool | None:
     """The switch of the first of `scope_ids` that has one (a channel, then its server); None when none has."""
-    rows = await conn.fetch("SELECT scope_id, enabled FROM summary_switches WHERE scope_id = ANY ($1::bigint[])", list(scope_ids))
-    found = {row["scope_id"]: row["enabled"] for row in rows}
-    return next((found[scope] for scope in scope_ids if scope in found), None)
+    return await conn.fetchval(first_switch("$1"), list(scope_ids))
 
 
 async def set_switch(conn: Connection, scope_id: int, guild_id: int | None, enabled: bool) -> None:

@@ -154,7 +154,7 @@ class SummaryWork:
     def _needs_summary(self, found: Summary | None, today: date, retry_now: bool) -> bool:
         if found is None:
             return True
-        if found.edited or found.status in (Status.DELETED,):
+        if found.edited or found.status == Status.DELETED:
             return False
         if found.status == Status.MISSING:
             return retry_now or found.retry_on is None or found.retry_on <= today
