@@ -15,7 +15,6 @@ if __name__ == "__main__":
     shutdown.install()
 
 import argparse
-import contextlib
 import json
 import logging
 import sys
@@ -33,6 +32,7 @@ NO_TOKEN_NO_TERMINAL = (
 )
 
 
+IMAGE_VOLUME = Path("/data")  # the Dockerfile's VOLUME and DATA_DIR
 LOG_FORMAT = "%(asctime)s %(levelname)-8s %(name)s: %(message)s"
 
 
@@ -62,22 +62,20 @@ def _console_logging(settings: Settings) -> None:
     logging.captureWarnings(True)
 
 
-def _warn_if_lost_with_the_container(data_dir: Path, marker: Path = Path("/.dockerenv")) -> None:
-    """In a Docker container, a DATA_DIR on the container's own file system (an .env still saying DATA_DIR=./data
-    wins over the image's /data) keeps the embedded database and the heartbeat only until the container is gone."""
-    if not marker.exists():
+def _warn_if_lost_with_the_container(data_dir: Path, volume: Path = IMAGE_VOLUME) -> None:
+    """In Deskmate's image (`/data` is its volume, mounted whenever the image runs), a DATA_DIR elsewhere (an .env
+    still saying DATA_DIR=./data wins over the image's /data) keeps the embedded database and the heartbeat on the
+    container's own file system, which goes with the container. Elsewhere (no volume at /data) nothing is said."""
+    if not volume.is_mount():
         return
     folder = data_dir.resolve()
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    with contextlib.suppress(OSError):
-        if folder.stat().st_dev == Path("/").stat().st_dev:
-            print(
-                f"warning: DATA_DIR ({data_dir}) is inside the container, not on a volume, so everything kept there "
-                "(the embedded database, the heartbeat) is lost with the container; leave DATA_DIR unset (the image "
-                "uses /data) and mount a volume there, e.g. -v deskmate-data:/data",
-                file=sys.stderr,
-            )
+    if folder == volume or volume in folder.parents:
+        return
+    print(
+        f"warning: DATA_DIR ({data_dir}) is not on the image's volume {volume}, so everything kept there (the "
+        f"embedded database, the heartbeat) is lost with the container; leave DATA_DIR unset (the image sets {volume})",
+        file=sys.stderr,
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
