@@ -39,10 +39,10 @@ from typing import Any
 
 from bench.caching import CachingEmbedder
 from bench.pg import BenchServer
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
 from bot.memory.models import Conversation, MemoryList, Recall, Source
 from bot.memory.recall import MemoryCore
 from bot.prompt import ChatLine, Persona, Prompt, PromptInput, build_prompt, recalled_item
@@ -444,7 +444,7 @@ _EMBEDDER: list[CachingEmbedder] = []
 def shared_embedder() -> CachingEmbedder:
     """The one caching embedder of this benchmark process (every section and variant shares its vectors)."""
     if not _EMBEDDER:
-        from bot.memory.embeddings import BuiltinEmbedder
+        from bot.embeddings.providers import BuiltinEmbedder
 
         _EMBEDDER.append(CachingEmbedder(BuiltinEmbedder()))
     return _EMBEDDER[0]

@@ -30,13 +30,13 @@ import asyncpg
 import numpy as np
 
 from bench.synth import BASE_DAY, SPACE, Dataset, Server, message_text
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
+from bot.embeddings.providers import EmbeddingSpace
+from bot.lexical import lexical_query
 from bot.memory import store
-from bot.memory.clock import ManualClock
 from bot.memory.desk_cache import DeskCache
-from bot.memory.embeddings import EmbeddingSpace
-from bot.memory.lexical import lexical_query
 from bot.memory.models import Conversation
 from bot.memory.recall import MemoryCore
 

@@ -25,8 +25,8 @@ from datetime import UTC, date, datetime, timedelta
 import numpy as np
 
 from bot.config import BUILTIN_MODEL
+from bot.embeddings.providers import EmbeddingSpace
 from bot.memory import store
-from bot.memory.embeddings import EmbeddingSpace
 
 DIMENSIONS = 512
 BASE_DAY = date(2026, 3, 2)  # the benchmark's first chat day; every memory was last aged the day before

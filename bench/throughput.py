@@ -197,10 +197,10 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
     from bot.chat.messages import IncomingMessage
     from bot.chat.receipts import ReplyStatus
     from bot.chat.reply import ReplyPipeline
+    from bot.clock import ManualClock
     from bot.config import Settings
     from bot.db import create_pool
-    from bot.memory.clock import ManualClock
-    from bot.memory.embeddings import BuiltinEmbedder, create_embedder
+    from bot.embeddings.providers import BuiltinEmbedder, create_embedder
     from bot.memory.models import Conversation
     from bot.memory.recall import MemoryCore
     from bot.prompt import Persona, PromptInput, build_prompt
@@ -326,7 +326,7 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
     # if a separate embedding service answered at once. The two alternate in blocks so that load from
     # other processes hits both alike.
     from bench.synth import MESSAGE_TEMPLATES, TOPIC_NAMES, TOPICS
-    from bot.memory.embeddings import DeadlineEmbedder, MicroBatchingEmbedder
+    from bot.embeddings.providers import DeadlineEmbedder, MicroBatchingEmbedder
 
     distinct = [template.format(thing=thing) for name in TOPIC_NAMES for thing in TOPICS[name] for template in MESSAGE_TEMPLATES]
     ahead = PrecomputedEmbedder(builtin, distinct)

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TextIO
 
 from bot.chat.receipts import Receipt
+from bot.clock import ManualClock
 from bot.documents.service import describe_size
 from bot.errors import InvalidInput, Refusal
-from bot.memory.clock import ManualClock
 from bot.memory.lists import ListRef
 from bot.memory.manage import MemoryManager
 from bot.memory.recall import MemoryCore

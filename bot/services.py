@@ -26,14 +26,14 @@ from bot.chat.reply import ReplyPipeline
 from bot.chat.service import ChatService
 from bot.chat.sources import TailSource
 from bot.chat.tools import MemoryTools
+from bot.clock import Clock
 from bot.config import Settings
 from bot.db import Database
 from bot.documents.service import DocumentLibrary
 from bot.documents.source import DocumentSource
+from bot.embeddings.providers import BuiltinEmbedder, Embedder, create_embedder
 from bot.history.service import HistoryIndex
 from bot.history.source import ChatHistorySource
-from bot.memory.clock import Clock
-from bot.memory.embeddings import BuiltinEmbedder, Embedder, create_embedder
 from bot.memory.manage import USER_DATA_FORMAT, USER_DATA_VERSION, MemoryManager
 from bot.memory.recall import MemoryCore
 from bot.servers.service import Servers

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from bot.documents.service import DocumentLibrary, embedding_batch
+from bot.embeddings.item_vectors import ItemVectors
+from bot.embeddings.providers import EmbeddingError
 from bot.history.service import HistoryIndex
-from bot.item_vectors import ItemVectors
-from bot.memory.embeddings import EmbeddingError
 from bot.memory.recall import MemoryCore
 
 log = logging.getLogger(__name__)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
+from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder
 from bot.memory.models import Conversation, MemoryList, Source
 from bot.memory.recall import MemoryCore
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import apply_migrations, create_pool, drop_database, with_database
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder, Embedder
+from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder, Embedder
 from bot.memory.recall import MemoryCore
 from tests.fakes import FakeChatServer
 from tests.pgbouncer import Bouncer, pgbouncer_binary, running_pgbouncer

@@ -40,11 +40,11 @@ from aiohttp import web
 
 from bot.chat.messages import IncomingMessage, UserRef
 from bot.chat.reply import ReplyPipeline
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
+from bot.embeddings.providers import DeadlineEmbedder, EmbeddingSpace
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder, EmbeddingSpace
 from bot.memory.models import MemoryList, Source
 from bot.memory.recall import MemoryCore
 from bot.services import build_services

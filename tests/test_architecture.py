@@ -22,14 +22,14 @@ PACKAGES = ("bot", "cogs", "bench")
 # hundreds of thousands of synthetic rows; they read the SQL on purpose.
 STORE_READERS = {"bench.recall", "bench.synth"}
 POOL_HOLDERS = {
-    "bot.db", "bot.services", "bot.item_vectors", "bot.servers.service", "bot.chat.log",
+    "bot.db", "bot.services", "bot.embeddings.item_vectors", "bot.servers.service", "bot.chat.log",
     "bot.history.service", "bot.documents.service",
 }
 POOL_HOLDER_PACKAGES = ("bot.memory.", "bot.summaries.")
 DISCORD_ADAPTERS = {"bot.bot", "bot.tools.commands_doc"}
 BELOW_THE_CORE = (
     "bot.memory", "bot.servers", "bot.config", "bot.db", "bot.errors", "bot.tokens", "bot.redact", "bot.ids", "bot.failures",
-    "bot.embedded",
+    "bot.embedded", "bot.embeddings", "bot.clock", "bot.lexical",
 )
 
 

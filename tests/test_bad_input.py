@@ -27,12 +27,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
+from bot.embeddings.providers import DeadlineEmbedder
 from bot.errors import Refusal
 from bot.memory import store
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder
 from bot.memory.lists import ImportMode, ListRef
 from bot.memory.manage import EXPORT_FORMAT, MemoryManager
 from bot.memory.models import Memory, MemoryList, ScoredMemory, Source

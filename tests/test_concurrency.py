@@ -14,11 +14,11 @@ from datetime import date, timedelta
 
 import pytest
 
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
+from bot.embeddings.providers import DeadlineEmbedder
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder
 from bot.memory.models import Conversation, MemoryList, Source
 from bot.memory.recall import MemoryCore
 from tests.conftest import Route

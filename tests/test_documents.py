@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.chat.receipts import ReplyStatus
+from bot.clock import ManualClock
 from bot.documents.service import PASSAGE_MAX_TOKENS, DocumentLibrary, split_passages
 from bot.errors import Refusal
-from bot.memory.clock import ManualClock
 from bot.memory.recall import MemoryCore
 from bot.tokens import count_tokens
 from tests.conftest import MakeCore

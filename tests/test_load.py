@@ -351,7 +351,7 @@ async def test_two_shard_groups_share_the_database_and_answer_only_their_own_ser
     does), and every message is answered exactly once, with both bots on one PostgreSQL."""
     from bot.bot import DeskmateBot
     from bot.config import load_settings
-    from bot.memory.embeddings import DeadlineEmbedder
+    from bot.embeddings.providers import DeadlineEmbedder
     from bot.memory.recall import MemoryCore
     from tests.discord_fakes import BOT_ID, BOT_USER, Call, FakeDiscord, channel_payload, guild_payload, message_payload
     from tests.discord_fakes import user_payload as user

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from bot.chat import log_store
+from bot.embeddings.providers import EmbeddingError, EmbeddingSpace
 from bot.errors import InvalidInput, Refusal
 from bot.memory.base import NewMemory
-from bot.memory.embeddings import EmbeddingError, EmbeddingSpace
 from bot.memory.lists import ImportMode, Scope, VectorStatus, looks_like_instruction, split_tags
 from bot.memory.manage import EXPORT_FORMAT, MemoryManager, count_tokens
 from bot.memory.models import Conversation, MemoryList, Rejection, Source

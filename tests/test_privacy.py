@@ -34,11 +34,11 @@ from bot.chat.messages import IncomingMessage, UserRef
 from bot.chat.model import MAX_CALLS_PER_ANSWER
 from bot.chat.notices import ChangeKind
 from bot.chat.reply import ReplyOutcome, ReplyPipeline
+from bot.clock import ManualClock
 from bot.documents.service import DocumentLibrary
+from bot.embeddings.providers import DeadlineEmbedder
 from bot.history.service import HistoryIndex
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder
 from bot.memory.lists import ImportMode, Scope
 from bot.memory.manage import MemoryManager
 from bot.memory.models import Memory, MemoryList, Source

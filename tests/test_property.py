@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
+from bot.embeddings.providers import DeadlineEmbedder
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder
 from bot.memory.models import Conversation, MemoryList, Rejection, Source
 from bot.memory.recall import MemoryCore
 from tests.test_rules import FlakyEmbedder

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bot.clock import ManualClock
+from bot.embeddings.providers import DeadlineEmbedder, EmbeddingSpace
 from bot.history.service import HistoryIndex
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder, EmbeddingSpace
 from bot.memory.models import Conversation, MemoryList, Source
 from bot.memory.recall import MemoryCore
 from bot.upkeep import Upkeep

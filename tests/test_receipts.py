@@ -16,10 +16,10 @@ from PIL import Image
 from bot.chat.messages import UserRef
 from bot.chat.receipts import Receipt, ReplyStatus
 from bot.chat.reply import ReplyPipeline
+from bot.clock import ManualClock
 from bot.config import Settings
+from bot.embeddings.providers import BuiltinEmbedder, create_embedder
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, create_embedder
 from bot.memory.models import MemoryList, Source
 from bot.memory.recall import MemoryCore
 from bot.tools.chart import buckets, days_unused_chart

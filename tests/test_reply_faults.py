@@ -20,11 +20,11 @@ from bot.chat.messages import IncomingMessage
 from bot.chat.notices import ChangeKind
 from bot.chat.receipts import ReplyStatus
 from bot.chat.reply import APOLOGY, EMPTY_ANSWER, ReplyPipeline
+from bot.clock import ManualClock
 from bot.config import Settings
+from bot.embeddings.providers import BuiltinEmbedder, create_embedder
 from bot.memory import store
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, create_embedder
 from bot.memory.models import MemoryList, Source
 from bot.memory.recall import MemoryCore
 from bot.services import build_services

@@ -12,9 +12,9 @@ import asyncpg
 import numpy as np
 import pytest
 
+from bot.clock import ManualClock
+from bot.embeddings.providers import EmbeddingError, EmbeddingSpace, NoEmbedder
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import EmbeddingError, EmbeddingSpace, NoEmbedder
 from bot.memory.models import Conversation, Memory, MemoryList, Rejection, Source
 from bot.memory.recall import MemoryCore
 from bot.servers.models import Privacy

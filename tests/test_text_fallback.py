@@ -18,9 +18,9 @@ import pytest
 
 from bot.chat.receipts import Receipt, ReplyStatus
 from bot.chat.sources import BY_TEXT
+from bot.clock import ManualClock
+from bot.embeddings.providers import NoEmbedder
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import NoEmbedder
 from bot.memory.models import Conversation, Memory, MemoryList, Source
 from bot.memory.recall import MemoryCore
 from bot.servers.models import Privacy

@@ -25,10 +25,10 @@ import numpy as np
 from bot.config import Settings
 from bot.db import Connection
 from bot.documents import store
+from bot.embeddings.item_vectors import ItemVectors
+from bot.embeddings.providers import EmbeddingError
 from bot.errors import InvalidInput
-from bot.item_vectors import ItemVectors
-from bot.memory.embeddings import EmbeddingError
-from bot.memory.lexical import lexical_query
+from bot.lexical import lexical_query
 from bot.memory.recall import MemoryCore, split_at_threshold
 from bot.tokens import count_tokens, encoding
 

@@ -12,8 +12,8 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
-from bot.item_vectors import VECTOR_KINDS
-from bot.memory.lexical import any_word_query_cte
+from bot.embeddings.item_vectors import VECTOR_KINDS
+from bot.lexical import any_word_query_cte
 
 
 async def insert_document(

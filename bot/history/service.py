@@ -33,9 +33,9 @@ import numpy as np
 
 from bot.config import Settings
 from bot.db import Connection
+from bot.embeddings.item_vectors import ItemVectors
 from bot.history import store
-from bot.item_vectors import ItemVectors
-from bot.memory.lexical import lexical_query
+from bot.lexical import lexical_query
 from bot.memory.recall import MemoryCore, split_at_threshold
 from bot.tokens import count_tokens
 

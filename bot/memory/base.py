@@ -9,13 +9,13 @@ from datetime import UTC, date, datetime
 
 import asyncpg
 
+from bot.clock import Clock, SystemClock
 from bot.config import Settings
 from bot.db import SERVER_STARTS
+from bot.embeddings.providers import Embedder, EmbeddingError
 from bot.memory import store
-from bot.memory.clock import Clock, SystemClock
 from bot.memory.desk_cache import DeskCache
 from bot.memory.desk_ranks import DeskRanks
-from bot.memory.embeddings import Embedder, EmbeddingError
 from bot.memory.models import Memory, MemoryList, Rejection, SaveResult, Source
 from bot.servers.service import Servers
 

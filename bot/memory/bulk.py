@@ -12,10 +12,10 @@ from datetime import UTC
 from typing import Any
 
 from bot.db import Connection
+from bot.embeddings.providers import EmbeddingError
 from bot.errors import NotAllowed, NotFound
 from bot.memory import store
 from bot.memory.base import MemoryBase, log
-from bot.memory.embeddings import EmbeddingError
 from bot.memory.lists import ImportEntry, ListRef
 from bot.memory.models import Memory, MemoryList
 

@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.config import Settings
+from bot.embeddings.providers import EmbeddingError
 from bot.errors import Refusal
 from bot.memory import store
 from bot.memory.base import NewMemory
-from bot.memory.embeddings import EmbeddingError
 from bot.memory.lists import (
     ImportMode,
     ImportPlan,

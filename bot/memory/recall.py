@@ -13,10 +13,10 @@ from datetime import UTC, date
 from typing import Any
 
 from bot.db import SERVER_STARTS
+from bot.lexical import lexical_query
 from bot.memory import search_store, store
 from bot.memory.bulk import BulkWrites
 from bot.memory.desk_cache import DeskCache, prompt_order
-from bot.memory.lexical import lexical_query
 from bot.memory.models import Conversation, Memory, Recall, ScoredMemory
 from bot.memory.vectors import MemoryVectors
 from bot.memory.visibility import context_words

@@ -16,7 +16,7 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
-from bot.memory.embeddings import EmbeddingSpace
+from bot.embeddings.providers import EmbeddingSpace
 from bot.memory.models import Memory, MemoryList, Source
 
 MEMORY_COLUMNS = (

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from bot.embeddings.providers import EmbeddingError
 from bot.memory import store
 from bot.memory.base import MemoryBase, log
-from bot.memory.embeddings import EmbeddingError
 
 
 class MemoryVectors(MemoryBase):

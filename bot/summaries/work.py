@@ -27,8 +27,8 @@ from typing import Any
 import asyncpg
 
 from bot.chat.log import ChatLog
+from bot.clock import Clock
 from bot.config import Settings
-from bot.memory.clock import Clock
 from bot.servers.service import Servers
 from bot.summaries import store
 from bot.summaries.models import BackfillProgress, ChatCalendar, Kind, Status, Summary, period_label
