@@ -46,6 +46,7 @@ from bot.memory.base import NewMemory
 from bot.memory.models import Conversation, MemoryList, Recall, Source
 from bot.memory.recall import MemoryCore
 from bot.prompt import ChatLine, Persona, Prompt, PromptInput, build_prompt, recalled_item
+from bot.services import memory_core
 from bot.tokens import encoding
 
 LOCOMO_PATH = Path(os.environ.get("LOCOMO_PATH", Path(__file__).resolve().parents[2] / "shared/data/locomo/locomo10.json"))
@@ -433,7 +434,7 @@ async def variant_core(server: BenchServer, database: str, settings: Settings) -
         pool = await create_pool(url, max_size=2)
         try:
             clock = ManualClock()
-            yield MemoryCore(pool, shared_embedder(), settings, clock), clock
+            yield memory_core(pool, shared_embedder(), settings, clock), clock
         finally:
             await pool.close()
 

@@ -154,7 +154,7 @@ class ConsoleChat(ServerCommands):
             for notice in outcome.notices.lines:
                 self.show(f"  {prefix}{notice}")
         self.show("  receipt: " + outcome.receipt.render().replace("\n", "\n           "))
-        self.core.vectors_wanted.set()  # the background pass chunks what left the context window
+        self.services.upkeep.request_pass()  # chunk what left the context window now, not at the next interval
 
     # --- where and who ---
 

@@ -442,8 +442,9 @@ async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: 
                     core.clock.current += timedelta(hours=1)  # a pause closes the first chunk
                 author, name = (GONE, NAME) if number % 2 else (STAYS, "Sam")
                 await pipeline.chat_log.record(said(author, name, f"chatter {number} {MARKER if author == GONE else ''}"))
-            assert await HistoryIndex(core).chunk_pending() > 0
-            await DocumentLibrary(core).add(PLAIN, "rules.md", b"# Rules\nBe kind to each other.\n", by=GONE)
+            assert await HistoryIndex(core.pool, core.embeddings, core.settings).chunk_pending() > 0
+            library = DocumentLibrary(core.pool, core.embeddings, core.settings, core.clock)
+            await library.add(PLAIN, "rules.md", b"# Rules\nBe kind to each other.\n", by=GONE)
             ids_before = [m.id for m in await core.all_memories() if m.owner_id == GONE]
             assert len(ids_before) >= 5
 
