@@ -38,6 +38,7 @@ from bot.history.service import HistoryIndex
 from bot.history.source import ChatHistorySource
 from bot.memory.manage import USER_DATA_FORMAT, USER_DATA_VERSION, MemoryManager
 from bot.memory.recall import MemoryCore
+from bot.servers.models import Privacy
 from bot.servers.service import Servers
 from bot.summaries.service import ChannelSummaries
 from bot.summaries.writer import SummaryWriter
@@ -80,12 +81,38 @@ class Services:
                 "receipts": chat["receipts"], "history_channels": history["history_channels"], **summaries}
 
     async def delete_user_data(self, user_id: int) -> dict[str, int]:
-        """Delete-my-data: every owner forgets the user, in one transaction (all of it, or nothing)."""
+        """Delete-my-data: every owner forgets the user, in one transaction (all of it, or nothing).
+
+        Withdrawal wins (bot/summaries/withdrawal.py): the person is locked first, so a summary being stored from
+        their words either is stored before (and deleted here) or sees them gone (and is not stored). The channels
+        whose summaries went are summarised again, without them, in the background.
+        """
         counts: dict[str, int] = {}
         async with self.database.pool.acquire() as conn, conn.transaction():
+            await self.servers.lock_people(conn, [user_id], shared=False)
+            places = await self.summaries.places_of(conn, user_id)
             for owner in (self.core, self.servers, self.documents, self.summaries, self.chat_log):
                 counts |= await owner.forget_user(conn, user_id)
+        self.summaries.recheck(places)
         return counts
+
+    async def set_privacy(self, user_id: int, level: Privacy) -> None:
+        """A person's privacy level, everywhere. `full`: every summary holding their words goes at once (written again
+        without them); the person is locked while it changes, so work in flight cannot bring their words back."""
+        async with self.database.pool.acquire() as conn, conn.transaction():
+            await self.servers.lock_people(conn, [user_id], shared=False)
+            await self.servers.set_privacy(user_id, level, conn)
+            places = await self.summaries.withdraw_person(conn, user_id, None) if level == Privacy.FULL else []
+        self.summaries.recheck(places)
+
+    async def set_blocked(self, guild_id: int, user_id: int, blocked: bool) -> None:
+        """Block or unblock someone in a server. A block removes the server's summaries holding their words, as
+        `set_privacy` does for `full`."""
+        async with self.database.pool.acquire() as conn, conn.transaction():
+            await self.servers.lock_people(conn, [user_id], shared=False)
+            await self.servers.set_blocked(guild_id, user_id, blocked, conn)
+            places = await self.summaries.withdraw_person(conn, user_id, guild_id) if blocked else []
+        self.summaries.recheck(places)
 
     async def export_user_data(self, user_id: int) -> dict[str, Any]:
         """Everything Deskmate stores about a user, in every server and DM (README "Export format"), one snapshot."""

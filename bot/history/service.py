@@ -62,6 +62,7 @@ class ChatRow:
     is_bot: bool = False
     chunked: bool = False  # already part of a chunk: it breaks runs
     in_window: bool = False  # the oldest message of the context window: only its time counts
+    answered_author_id: int | None = None  # a reply: who wrote the message it answers (its words may be repeated)
 
     @classmethod
     def from_row(cls, row: Any) -> ChatRow:
@@ -75,7 +76,14 @@ class ChatRow:
             is_bot=row["is_bot"],
             chunked=row["chunk_id"] is not None,
             in_window=bool(row["in_window"]),
+            answered_author_id=row.get("answered_author_id"),
         )
+
+
+def chunk_people(rows: Sequence[ChatRow]) -> list[int]:
+    """Whose words a chunk may hold: its authors, and the authors of the messages its replies answer. A chunk holding
+    anyone blocked in its server or with privacy `full` is never recalled (docs/memory-rules.md, "Withdrawal wins")."""
+    return sorted({row.author_id for row in rows} | {row.answered_author_id for row in rows if row.answered_author_id})
 
 
 def chunk_line(row: ChatRow) -> str:
@@ -190,7 +198,7 @@ class HistoryIndex:
                             guild_id=chunk[0].guild_id,
                             channel_id=channel_id,
                             message_ids=[row.message_id for row in chunk],
-                            author_ids=[row.author_id for row in chunk],
+                            author_ids=chunk_people(chunk),
                             started_at=chunk[0].created_at,
                             ended_at=chunk[-1].created_at,
                             text=chunk_text(chunk),
