@@ -17,8 +17,8 @@ import pytest
 from bot.config import Settings
 from bot.console import MAX_DAY_OFFSET, run_console
 from bot.embedded import postgres_processes
+from bot.embeddings.providers import BuiltinEmbedder
 from bot.failures import DATABASE_UNREACHABLE
-from bot.memory.embeddings import BuiltinEmbedder
 from tests.conftest import pg_ctl
 
 
