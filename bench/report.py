@@ -122,6 +122,7 @@ def table(results: dict[str, Any]) -> str:
         if results.get("locomo_note"):
             lines.append(results["locomo_note"])
     lines += crowd_table(results)
+    lines += e2e_table(results)
     return "\n".join(lines)
 
 
@@ -155,6 +156,92 @@ def crowd_table(results: dict[str, Any]) -> list[str]:
     if results.get("crowd_note"):
         lines.append(results["crowd_note"])
     return lines
+
+
+CATEGORY_NAMES = {"1": "multi-hop", "2": "temporal", "3": "open-domain", "4": "single-hop"}
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.3f}" if whole else "–"
+
+
+def e2e_table(results: dict[str, Any]) -> list[str]:
+    """Section 5: what the model saved (the `defaults` replay), and every baseline's answers to the same questions."""
+    e2e = results.get("e2e", {})
+    lines = ["", "### 5. End to end with a real chat model (saving through the bot, answering the day after)", ""]
+    if not e2e:
+        return [*lines, results.get("e2e_note") or "not run"]
+    quant = f", {e2e['quantisation']}" if e2e.get("quantisation") else ""
+    sessions = e2e.get("sessions_per_conversation") or "all"
+    lines.append(
+        f"Model {e2e['model']}{quant} at {e2e['endpoint']}; judge {e2e['judge_model']}; size `{e2e['size']}`:"
+        f" {len(e2e['conversations'])} conversations ({', '.join(e2e['conversations'])}), {sessions} sessions each,"
+        f" {e2e['chat_days']} chat days, {e2e['facts']} gold facts, {e2e['questions']} questions"
+        f" ({e2e['skipped_questions']} without a gold fact skipped); temperature 0, seed {e2e['seed']}."
+    )
+    baselines = e2e.get("baselines", {})
+    saved = next((b for name, b in baselines.items() if name == "defaults"), None)
+    if saved is not None:
+        s, days = saved["saving"], max(e2e["chat_days"], 1)
+        calls = saved.get("calls", {})
+        reply, day_end = calls.get("reply", {}), calls.get("day-end", {})
+        low, high = wilson_interval(s["covered"], s["facts"])
+        check = s.get("judge_check", {})
+        lines += [
+            "",
+            "| saving (`defaults` replay) | value |",
+            "|---|---:|",
+            f"| gold facts covered by a memory of the right person | **{s['covered']} / {s['facts']}"
+            f" ({_share(s['covered'], s['facts'])}, 95% CI {low:.3f}–{high:.3f})** |",
+            f"| gold facts covered by any memory (any list, any person) | {s['covered_any']} / {s['facts']} |",
+            f"| memories stored (personal / server) | {s['memories']} ({s['personal']} / {s['server']}) |",
+            f"| share of stored memories that match no gold fact | {_share(s['unmatched'], s['memories'])} |",
+            f"| memories about the wrong person | {s['wrong_person']} |",
+            f"| duplicates (a memory repeating an earlier one of its list) | {s['duplicates']} |",
+            f"| replies per chat day (the bot was addressed) | {saved['replay']['replies'] / days:.1f} |",
+            f"| model calls per chat day: replies / day-end work | {reply.get('calls', 0) / days:.1f}"
+            f" / {day_end.get('calls', 0) / days:.1f} |",
+            f"| tokens per chat day: replies / day-end work (prompt + completion) |"
+            f" {(reply.get('prompt_tokens', 0) + reply.get('completion_tokens', 0)) / days:,.0f} /"
+            f" {(day_end.get('prompt_tokens', 0) + day_end.get('completion_tokens', 0)) / days:,.0f} |",
+            f"| memory changes made by tool calls during the replay | {saved['replay']['tool_changes']} |",
+            f"| judge agrees with the matching rule (pairs near the threshold)"
+            f" | {check.get('agree', 0)} / {check.get('pairs', 0)} |",
+        ]
+    lines += [
+        "",
+        "| baseline | J (judge yes) [95% CI] | F1 [95% CI] | J multi-hop / temporal / open-domain / single-hop"
+        " | gold facts saved | gold in prompt | J when all gold in prompt | prompt tok / question | failed |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, b in baselines.items():
+        a = b["answering"]
+        categories = " / ".join(
+            f"{_fmt(a['by_category'][c]['j'], 2)} ({a['by_category'][c]['n']})" if c in a["by_category"] else "–"
+            for c in CATEGORY_NAMES
+        )
+        when = a["all_gold_in_prompt"]
+        lines.append(
+            f"| {name} | **{_fmt(a['j'], 3)}** [{a['j_ci'][0]:.2f}–{a['j_ci'][1]:.2f}] | {_fmt(a['f1'], 3)}"
+            f" [{a['f1_ci'][0]:.2f}–{a['f1_ci'][1]:.2f}] | {categories} | {_fmt(a['gold_saved'], 3)}"
+            f" | {_fmt(a['gold_in_prompt'], 3)} | {_fmt(when['j'], 3)} ({when['n']}) | {a['prompt_tokens']:,} | {a['failed']} |"
+        )
+    check = e2e.get("judge_check") or {}
+    load = e2e.get("load_average", {})
+    lines.append(
+        f"\n{e2e['questions']} questions per baseline; intervals: Wilson (J), seeded bootstrap (F1)."
+        f" The judge agreed with the hand-checked judgements of tests/data/e2e_judgements.jsonl"
+        f" {check.get('agree', 0)} / {check.get('judgements', 0)} times."
+        f" Wall time {e2e.get('wall_seconds', 0) / 60:.0f} min, load average {load.get('start')} → {load.get('end')}"
+        " (a shared machine: other work ran at the same time)."
+    )
+    return lines
+
+
+def wilson_interval(successes: int, total: int) -> tuple[float, float]:
+    from bench.e2e_score import wilson
+
+    return wilson(successes, total)
 
 
 def write_results(results: dict[str, Any]) -> None:
