@@ -180,7 +180,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--e2e-size", choices=tuple(e2e.SIZES),
                         help="section 5: quick (1 session, 4 questions), small (2 sessions of 2 conversations; the default),"
                         " full (every LoCoMo conversation)")
-    parser.add_argument("--e2e-baselines", help="section 5: comma-separated subset of defaults,top10,none,gold (in that order)")
+    parser.add_argument("--e2e-baselines",
+                        help="section 5: comma-separated subset of defaults,gold,none,top10 (run in that order)")
     parser.add_argument("--e2e-fresh", action="store_true",
                         help="section 5: forget the run's state and recorded model calls and start again")
     parser.add_argument("--skip-throughput", action="store_true")

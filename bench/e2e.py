@@ -67,7 +67,7 @@ BOT_NAME = "Deskmate"
 ADDRESSED_SHARE = 0.25  # of the turns, the ones that address the bot
 SEED = 20_260_101
 ASK_SUFFIX = " Answer in a few words."
-JUDGE_FACT_SAMPLE = 20
+JUDGE_FACT_SAMPLE = 12
 STATE_VERSION = 1
 
 
@@ -95,14 +95,14 @@ class Baseline:
     settings: dict[str, Any] = field(default_factory=dict)  # settings of the whole run of this baseline
 
 
-BASELINES: tuple[Baseline, ...] = (
+BASELINES: tuple[Baseline, ...] = (  # in the order they run: the most telling first, should a slow run be cut short
     Baseline("defaults", "the bot as shipped: the model saves through its tools (and day-end work), the default recall"),
-    Baseline("top10", "plain retrieval over the same saved memories: no desk, the 10 closest memories by cosine"
-             " near the end of the prompt", recall="top10"),
-    Baseline("none", "no long-term memory: the context window, the day summaries and chat-history recall only",
-             recall="none"),
     Baseline("gold", "LoCoMo's gold facts saved as personal memories on their session's day instead of the model's"
              " saves (the upper bound of saving), the default recall", replay="gold"),
+    Baseline("none", "no long-term memory: the context window, the day summaries and chat-history recall only",
+             recall="none"),
+    Baseline("top10", "plain retrieval over the same saved memories: no desk, the 10 closest memories by cosine"
+             " near the end of the prompt", recall="top10"),
 )
 
 
@@ -280,10 +280,14 @@ class Channel:
                 addressed = self.addressed[(session.number, t)]
                 incoming = self.message(self.owner(turn.speaker), turn.text, clock.now(), addressed=addressed)
                 proxy.phase = "reply"
+                began = time.perf_counter()
                 outcome = await services.chat.handle(incoming, mentions_bot=addressed)
                 key = f"{session.number}:{t}"
                 if outcome is None:
                     continue
+                if not gold:
+                    say(f"    {self.sample.sample_id} {key}: {outcome.status.value}, {len(outcome.changes)} memory changes,"
+                        f" {time.perf_counter() - began:.0f} s")
                 if gold:
                     posts = transcript.get(key, [])
                 else:
@@ -313,7 +317,7 @@ class Channel:
 
     async def ask(
         self, services: Services, clock: ManualClock, proxy: ModelProxy, questions: Sequence[Question],
-        covering: dict[int, list[int]],
+        covering: dict[int, list[int]], say: Callable[[str], None],
     ) -> list[dict[str, Any]]:
         """Each question the day after, by the first speaker, deleted again after its answer."""
         await services.servers.update_guild_settings(self.guild_id, self_teaching=False)
@@ -322,7 +326,9 @@ class Channel:
             clock.current = self.at(self.question_day, 2 * number)
             incoming = self.message(self.users[0], question.text + ASK_SUFFIX, clock.now(), addressed=True)
             proxy.phase = "answer"
+            began = time.perf_counter()
             outcome = await services.chat.handle(incoming, mentions_bot=True)
+            say(f"    {question.key}: {time.perf_counter() - began:.0f} s")
             await services.chat.deleted(self.channel_id, [incoming.message_id])
             shown = set(outcome.prompt.shown_memory_ids) if outcome is not None and outcome.prompt is not None else set()
             saved = [f for f in question.gold if covering.get(f)]
@@ -440,7 +446,7 @@ class Run:
             for channel in channels:
                 questions = self.plan.questions[channel.sample.sample_id]
                 self.say(f"    asking {len(questions)} questions of {channel.sample.sample_id}")
-                answers += await channel.ask(services, clock, self.chat, questions, covering)
+                answers += await channel.ask(services, clock, self.chat, questions, covering, self.say)
         await self.judge_answers(answers)
         (self.folder / f"answers-{baseline.name}.jsonl").write_text(
             "".join(json.dumps(a, ensure_ascii=False) + "\n" for a in answers), encoding="utf-8"
