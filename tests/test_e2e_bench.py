@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench import e2e
+from bench import e2e, report
 from bench import e2e_score as score
 from bench.pg import BenchServer
 from bot.memory.embeddings import BuiltinEmbedder
@@ -219,6 +219,9 @@ async def test_the_section_runs_every_baseline_end_to_end_and_resumes_from_its_s
     assert again["baselines"] == baselines
     assert any("already measured" in line for line in said)
     assert len(answer_lines(tmp_path, "gold")) == 4
+    table = "\n".join(report.e2e_table({"e2e": first}))
+    assert "| gold facts covered by a memory of the right person | **2 / 6" in table
+    assert "| gold | **1.000** [0.51–1.00]" in table and "| none | **0.000**" in table
 
 
 def answer_lines(folder: Path, baseline: str) -> list[str]:
