@@ -104,6 +104,11 @@ BASELINES: tuple[Baseline, ...] = (  # in the order they run: the most telling f
     Baseline("top10", "plain retrieval over the same saved memories: no desk, the 10 closest memories by cosine"
              " near the end of the prompt", recall="top10"),
 )
+if "memory_notes" in {f.name for f in dataclasses.fields(Settings)}:  # day-end notes: measured against the tools alone
+    BASELINES += (
+        Baseline("tools_only", "MEMORY_NOTES=tools: the model saves through its tools only, no day-end notes; the default"
+                 " recall", settings={"memory_notes": "tools"}),
+    )
 
 
 # --- the data ------------------------------------------------------------------------------------------
@@ -463,6 +468,7 @@ class Run:
         covering: dict[int, list[int]] = {}
         judged: list[dict[str, Any]] = []
         texts: dict[str, str] = {}
+        sources: dict[str, int] = {}
         for channel in channels:
             facts = [score.GoldFact(str(f.index), channel.owner(f.speaker), f.text) for f in channel.sample.facts]
             mine = [
@@ -471,6 +477,9 @@ class Run:
                 if (m.list == MemoryList.PERSONAL and m.owner_id in channel.users)
                 or (m.list == MemoryList.SERVER and m.guild_id == channel.guild_id)
             ]
+            for m in memories:
+                if m.id in {stored.id for stored in mine}:
+                    sources[m.source.value] = sources.get(m.source.value, 0) + 1
             fact_vectors = await embedder.embed([f.text for f in facts])
             memory_vectors = await embedder.embed([m.text for m in mine])
             result = score.score_saving(facts, mine, fact_vectors, memory_vectors)
@@ -482,6 +491,7 @@ class Run:
         if not gold:
             totals["judge_check"] = await self.judge_facts(judged, texts)
         totals["chat_days"] = self.plan.chat_days
+        totals["by_source"] = sources
         return totals, covering
 
     async def judge_facts(self, pairs: list[dict[str, Any]], texts: dict[str, str]) -> dict[str, Any]:

@@ -180,34 +180,12 @@ def e2e_table(results: dict[str, Any]) -> list[str]:
         f" ({e2e['skipped_questions']} without a gold fact skipped); temperature 0, seed {e2e['seed']}."
     )
     baselines = e2e.get("baselines", {})
-    saved = next((b for name, b in baselines.items() if name == "defaults"), None)
-    if saved is not None:
-        s, days = saved["saving"], max(e2e["chat_days"], 1)
-        calls = saved.get("calls", {})
-        reply, day_end = calls.get("reply", {}), calls.get("day-end", {})
-        low, high = wilson_interval(s["covered"], s["facts"])
-        check = s.get("judge_check", {})
-        lines += [
-            "",
-            "| saving (`defaults` replay) | value |",
-            "|---|---:|",
-            f"| gold facts covered by a memory of the right person | **{s['covered']} / {s['facts']}"
-            f" ({_share(s['covered'], s['facts'])}, 95% CI {low:.3f}–{high:.3f})** |",
-            f"| gold facts covered by any memory (any list, any person) | {s['covered_any']} / {s['facts']} |",
-            f"| memories stored (personal / server) | {s['memories']} ({s['personal']} / {s['server']}) |",
-            f"| share of stored memories that match no gold fact | {_share(s['unmatched'], s['memories'])} |",
-            f"| memories about the wrong person | {s['wrong_person']} |",
-            f"| duplicates (a memory repeating an earlier one of its list) | {s['duplicates']} |",
-            f"| replies per chat day (the bot was addressed) | {saved['replay']['replies'] / days:.1f} |",
-            f"| model calls per chat day: replies / day-end work | {reply.get('calls', 0) / days:.1f}"
-            f" / {day_end.get('calls', 0) / days:.1f} |",
-            f"| tokens per chat day: replies / day-end work (prompt + completion) |"
-            f" {(reply.get('prompt_tokens', 0) + reply.get('completion_tokens', 0)) / days:,.0f} /"
-            f" {(day_end.get('prompt_tokens', 0) + day_end.get('completion_tokens', 0)) / days:,.0f} |",
-            f"| memory changes made by tool calls during the replay | {saved['replay']['tool_changes']} |",
-            f"| judge agrees with the matching rule (pairs near the threshold)"
-            f" | {check.get('agree', 0)} / {check.get('pairs', 0)} |",
-        ]
+    savers = {name: b for name, b in baselines.items() if name in ("defaults", "tools_only")}
+    if savers:
+        lines += ["", "| saving (the model's replay) | " + " | ".join(f"`{name}`" for name in savers) + " |",
+                  "|---|" + "---:|" * len(savers)]
+        for label, cell in SAVING_ROWS:
+            lines.append(f"| {label} | " + " | ".join(cell(b, max(e2e["chat_days"], 1)) for b in savers.values()) + " |")
     lines += [
         "",
         "| baseline | J (judge yes) [95% CI] | F1 [95% CI] | J multi-hop / temporal / open-domain / single-hop"
@@ -236,6 +214,42 @@ def e2e_table(results: dict[str, Any]) -> list[str]:
         " (a shared machine: other work ran at the same time)."
     )
     return lines
+
+
+def _covered(b: dict[str, Any], _: int) -> str:
+    s = b["saving"]
+    low, high = wilson_interval(s["covered"], s["facts"])
+    return f"**{s['covered']} / {s['facts']} ({_share(s['covered'], s['facts'])})**, 95% CI {low:.2f}–{high:.2f}"
+
+
+def _per_day(phase: str, tokens: bool) -> Any:
+    def cell(b: dict[str, Any], days: int) -> str:
+        c = b.get("calls", {}).get(phase, {})
+        value = (c.get("prompt_tokens", 0) + c.get("completion_tokens", 0)) if tokens else c.get("calls", 0)
+        return f"{value / days:,.0f}" if tokens else f"{value / days:.1f}"
+    return cell
+
+
+SAVING_ROWS: tuple[tuple[str, Any], ...] = (
+    ("gold facts covered by a memory of the right person", _covered),
+    ("gold facts covered by any memory (any list, any person)",
+     lambda b, _: f"{b['saving']['covered_any']} / {b['saving']['facts']}"),
+    ("memories stored (personal / server)",
+     lambda b, _: f"{b['saving']['memories']} ({b['saving']['personal']} / {b['saving']['server']})"),
+    ("memories by source",
+     lambda b, _: ", ".join(f"{k} {v}" for k, v in sorted(b["saving"].get("by_source", {}).items())) or "–"),
+    ("share of stored memories that match no gold fact", lambda b, _: _share(b["saving"]["unmatched"], b["saving"]["memories"])),
+    ("memories about the wrong person", lambda b, _: str(b["saving"]["wrong_person"])),
+    ("duplicates (a memory repeating an earlier one of its list)", lambda b, _: str(b["saving"]["duplicates"])),
+    ("replies per chat day (the bot was addressed)", lambda b, days: f"{b['replay']['replies'] / days:.1f}"),
+    ("model calls per chat day: replies", _per_day("reply", False)),
+    ("model calls per chat day: day-end work", _per_day("day-end", False)),
+    ("tokens per chat day (prompt + completion): replies", _per_day("reply", True)),
+    ("tokens per chat day (prompt + completion): day-end work", _per_day("day-end", True)),
+    ("memory changes made by tool calls", lambda b, _: str(b["replay"]["tool_changes"])),
+    ("judge agrees with the matching rule (pairs near the threshold)",
+     lambda b, _: f"{b['saving'].get('judge_check', {}).get('agree', 0)} / {b['saving'].get('judge_check', {}).get('pairs', 0)}"),
+)
 
 
 def wilson_interval(successes: int, total: int) -> tuple[float, float]:

@@ -201,7 +201,7 @@ async def test_the_section_runs_every_baseline_end_to_end_and_resumes_from_its_s
     assert first["questions"] == 4 and first["skipped_questions"] == 1  # D1:9 is no fact; category 5 is never asked
     assert first["facts"] == 6 and first["chat_days"] == 2
     baselines = first["baselines"]
-    assert list(baselines) == ["defaults", "gold", "none", "top10"]
+    assert list(baselines)[:4] == ["defaults", "gold", "none", "top10"]
     saving = baselines["defaults"]["saving"]
     # the one memory covers the adoption, and by the embedding rule also the dog's puppy class (same dog, same person)
     assert (saving["covered"], saving["facts"], saving["memories"], saving["wrong_person"]) == (2, 6, 1, 0)
@@ -220,7 +220,7 @@ async def test_the_section_runs_every_baseline_end_to_end_and_resumes_from_its_s
     assert any("already measured" in line for line in said)
     assert len(answer_lines(tmp_path, "gold")) == 4
     table = "\n".join(report.e2e_table({"e2e": first}))
-    assert "| gold facts covered by a memory of the right person | **2 / 6" in table
+    assert "| gold facts covered by a memory of the right person | **2 / 6 (0.333)**" in table
     assert "| gold | **1.000** [0.51–1.00]" in table and "| none | **0.000**" in table
 
 
