@@ -25,12 +25,12 @@ from typing import TextIO
 from bot.chat.messages import IncomingMessage, UserRef
 from bot.chat.model import chat_configured
 from bot.chat.receipts import ReplyStatus
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.console_session import BOT_USER_ID, MENTION, SUMMARIES_USAGE, CommandError, ServerCommands, local_id
+from bot.embeddings.providers import BuiltinEmbedder, create_embedder
 from bot.errors import Refusal
 from bot.failures import database_sentence
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, create_embedder
 from bot.memory.lists import ListRef, Scope, looks_like_instruction
 from bot.memory.models import SaveResult
 from bot.services import open_services
@@ -154,7 +154,7 @@ class ConsoleChat(ServerCommands):
             for notice in outcome.notices.lines:
                 self.show(f"  {prefix}{notice}")
         self.show("  receipt: " + outcome.receipt.render().replace("\n", "\n           "))
-        self.core.vectors_wanted.set()  # the background pass chunks what left the context window
+        self.services.upkeep.request_pass()  # chunk what left the context window now, not at the next interval
 
     # --- where and who ---
 

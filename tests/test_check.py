@@ -10,9 +10,9 @@ from pathlib import Path
 
 import asyncpg
 
+from bot.clock import ManualClock
 from bot.memory import store
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
 from bot.memory.models import Conversation, MemoryList, Source
 from tests.conftest import MakeCore
 

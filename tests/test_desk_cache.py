@@ -19,10 +19,10 @@ import asyncpg
 import numpy as np
 import pytest
 
+from bot.clock import ManualClock
 from bot.db import create_pool
 from bot.memory import search_store, store
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
 from bot.memory.desk_cache import DeskCache
 from bot.memory.models import Conversation, Memory, MemoryList, Recall
 from bot.memory.recall import MemoryCore, desk_order

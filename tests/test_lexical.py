@@ -13,8 +13,8 @@ from datetime import timedelta
 
 import pytest
 
-from bot.memory.clock import ManualClock
-from bot.memory.lexical import lexical_query
+from bot.clock import ManualClock
+from bot.lexical import lexical_query
 from bot.memory.models import ScoredMemory
 from bot.memory.recall import MemoryCore
 from tests.conftest import MakeCore

@@ -19,8 +19,8 @@ from bot.chat.reply import APOLOGY, TOO_LARGE, ReplyPipeline
 from bot.chat.service import ChatService
 from bot.chat.sources import TailReport
 from bot.chat.triggers import Trigger
+from bot.clock import ManualClock
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
 from bot.memory.models import MemoryList, Recall, Source
 from bot.memory.recall import MemoryCore
 from bot.outgoing import ZERO_WIDTH_SPACE

@@ -18,10 +18,9 @@ from aiohttp import web
 
 from bot.chat import log_store
 from bot.chat.receipts import ReplyStatus
+from bot.clock import ManualClock
 from bot.config import Settings
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import (
+from bot.embeddings.providers import (
     BuiltinEmbedder,
     DeadlineEmbedder,
     EmbeddingError,
@@ -29,6 +28,7 @@ from bot.memory.embeddings import (
     MicroBatchingEmbedder,
     create_embedder,
 )
+from bot.memory.base import NewMemory
 from bot.memory.models import Conversation, MemoryList
 from bot.servers import store as servers_store
 from bot.services import build_services

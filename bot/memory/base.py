@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
 import asyncpg
 
+from bot.clock import Clock, SystemClock
 from bot.config import Settings
 from bot.db import SERVER_STARTS
-from bot.memory import store
-from bot.memory.clock import Clock, SystemClock
+from bot.embeddings.service import Embeddings, Vector
 from bot.memory.desk_cache import DeskCache
 from bot.memory.desk_ranks import DeskRanks
-from bot.memory.embeddings import Embedder, EmbeddingError
 from bot.memory.models import Memory, MemoryList, Rejection, SaveResult, Source
+from bot.memory.vectors import MemoryVectors
 from bot.servers.service import Servers
 
 log = logging.getLogger(__name__)
@@ -54,32 +53,31 @@ class MemoryBase:
     def __init__(
         self,
         pool: asyncpg.Pool,
-        embedder: Embedder,
+        embeddings: Embeddings,
         settings: Settings,
         clock: Clock | None = None,
         *,
         servers: Servers | None = None,
     ) -> None:
         self.pool = pool
-        self.embedder = embedder
+        self.embeddings = embeddings
         self.settings = settings
         self.clock: Clock = clock or SystemClock()
         self.servers = servers or Servers(pool, settings)
-        self._space_id: int | None = None
-        self.vectors_wanted = asyncio.Event()  # set when a memory was stored without a vector
         self._server_starts = SERVER_STARTS.changes
         # desk memories already built, so each reply's search returns only what changed (exact:
         # checked against row versions by the statement; see bot/memory/desk_cache.py)
         self.desk_cache = DeskCache()
         # which desk memories the prompt keeps first when the desk outgrows its budget (frozen per chat day)
         self.desk_ranks = DeskRanks()
+        self.vectors = MemoryVectors(pool, embeddings)
 
     # --- small helpers ---------------------------------------------------------------------
 
     @property
     def decay_active(self) -> bool:
         """Decay needs the switch on and an embedding model; otherwise all stays active."""
-        return self.settings.memory_decay_enabled and self.embedder.space is not None
+        return self.settings.memory_decay_enabled and self.embeddings.space is not None
 
     @property
     def tail_reserve(self) -> float:
@@ -95,23 +93,12 @@ class MemoryBase:
         return now, now.date()
 
     async def space_id(self) -> int | None:
-        if self.embedder.space is None:
-            return None
-        if self._space_id is None:
-            async with self.pool.acquire() as conn:
-                self._space_id = await store.space_id(conn, self.embedder.space)
-        return self._space_id
+        return await self.embeddings.space_id()
 
     async def persona_id(self, guild_id: int | None) -> int:
         return await self.servers.persona_id(guild_id)
 
-    async def _embed_one(self, text: str) -> tuple[object | None, str | None]:
-        if self.embedder.space is None:
-            return None, "no embedding provider is configured"
-        try:
-            return (await self.embedder.embed([text]))[0], None
-        except EmbeddingError as exc:
-            log.warning("Embedding failed: %s", exc)
-            return None, str(exc)
+    async def _embed_one(self, text: str) -> tuple[Vector | None, str | None]:
+        return await self.embeddings.embed_one(text)
 
     # --- the search on every reply ----------------------------------------------------

@@ -14,8 +14,7 @@ from typing import Any
 from bot.db import Connection
 from bot.errors import NotAllowed, NotFound
 from bot.memory import store
-from bot.memory.base import MemoryBase, log
-from bot.memory.embeddings import EmbeddingError
+from bot.memory.base import MemoryBase
 from bot.memory.lists import ImportEntry, ListRef
 from bot.memory.models import Memory, MemoryList
 
@@ -44,21 +43,6 @@ class BulkWrites(MemoryBase):
                 )
         return moved
 
-    async def _embed_all(self, texts: Sequence[str]) -> list[Any]:
-        """Vectors for what can be embedded now; the rest wait for the background re-embedder."""
-        vectors: list[Any] = [None] * len(texts)
-        if self.embedder.space is None:
-            return vectors
-        size = self.settings.embedding_batch_size
-        for start in range(0, len(texts), size):
-            try:
-                batch = await self.embedder.embed(list(texts[start : start + size]))
-            except EmbeddingError as exc:
-                log.warning("Import: embedding paused after %d of %d memories: %s", start, len(texts), exc)
-                break
-            vectors[start : start + len(batch)] = list(batch)
-        return vectors
-
     async def import_entries(
         self, ref: ListRef, plan_entries: Sequence[ImportEntry], *, replace: bool, by: int, limit: int
     ) -> tuple[list[int], int, int, int]:
@@ -69,7 +53,8 @@ class BulkWrites(MemoryBase):
         the Global memories and those tied to this persona). A result over `limit` is refused, never trimmed.
         """
         target = ref.widened() if ref.list == MemoryList.PERSONAL else ref
-        vectors = await self._embed_all([entry.text for entry in plan_entries])
+        # what can be embedded now is; the rest waits for the background re-embedder
+        vectors = await self.embeddings.embed_available([entry.text for entry in plan_entries], "imported memories")
         entries = list(zip(plan_entries, vectors, strict=True))
         space = await self.space_id()
         now = self.clock.now().astimezone(UTC)
@@ -112,7 +97,7 @@ class BulkWrites(MemoryBase):
                         embedded += 1
         self.desk_cache.discard(removed_ids)
         if space is not None and embedded < len(ids):
-            self.vectors_wanted.set()
+            self.embeddings.want_vectors()
         return ids, len(removed_ids), skipped, embedded
 
     async def _refuse_over_limit(self, conn: Connection, ref: ListRef, where: str, args: list[Any], limit: int) -> None:

@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.config import Settings
+from bot.embeddings.providers import EmbeddingError
 from bot.errors import Refusal
 from bot.memory import store
 from bot.memory.base import NewMemory
-from bot.memory.embeddings import EmbeddingError
 from bot.memory.lists import (
     ImportMode,
     ImportPlan,
@@ -124,7 +124,7 @@ class MemoryManager:
             note = "no embedding model is configured, so this is a plain text search"
         else:
             try:
-                vector = (await self.core.embedder.embed([query]))[0]
+                vector = (await self.core.embeddings.embedder.embed([query]))[0]
             except EmbeddingError as exc:
                 log.warning("Search embedding failed: %s", exc)
                 note = "the embedding model is unavailable right now, so this is a plain text search"
@@ -160,7 +160,7 @@ class MemoryManager:
         dormant_after = self.settings.dormant_after_days
         decay = self.core.decay_active
         desk = [row for row in rows if not (decay and row["days_unused"] >= dormant_after)]
-        space_text = str(self.core.embedder.space) if self.core.embedder.space else "none (EMBEDDING_PROVIDER=none)"
+        space_text = str(self.core.embeddings.space) if self.core.embeddings.space else "none (EMBEDDING_PROVIDER=none)"
         without = sum(1 for row in rows if not row["has_vector"])
         unavailable_reason = "no embedding provider is configured" if space is None else embedding_problem
         return ListStats(

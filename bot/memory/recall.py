@@ -8,17 +8,14 @@ memories. Adapters and the other services call it with plain values; SQL lives i
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
 from datetime import UTC, date
-from typing import Any
 
 from bot.db import SERVER_STARTS
+from bot.lexical import lexical_query
 from bot.memory import search_store, store
 from bot.memory.bulk import BulkWrites
 from bot.memory.desk_cache import DeskCache, prompt_order
-from bot.memory.lexical import lexical_query
 from bot.memory.models import Conversation, Memory, Recall, ScoredMemory
-from bot.memory.vectors import MemoryVectors
 from bot.memory.visibility import context_words
 from bot.memory.writes import MemoryWrites
 
@@ -27,27 +24,14 @@ log = logging.getLogger(__name__)
 NEVER = 2**31 - 1  # "days_unused below this" = every memory, for the desk when nothing decays
 
 
-def split_at_threshold(
-    rows: Sequence[Mapping[str, Any]], threshold: float, limit: int
-) -> tuple[list[Mapping[str, Any]], float | None]:
-    """Search rows (best first) scoring at least `threshold`, at most `limit` of them, and the best score under it.
-
-    Chat history and documents search the same way; the best score under the threshold is what a
-    receipt shows when nothing was relevant enough.
-    """
-    kept = [row for row in rows if float(row["similarity"]) >= threshold][:limit]
-    below = [float(row["similarity"]) for row in rows if float(row["similarity"]) < threshold]
-    return kept, max(below) if below else None
-
-
 def desk_order(memories: list[Memory]) -> list[Memory]:
     """Prompt order: server memories by id, then personal memories grouped by user, each by id."""
     return sorted(memories, key=prompt_order)
 
 
-class MemoryCore(MemoryWrites, BulkWrites, MemoryVectors):
+class MemoryCore(MemoryWrites, BulkWrites):
     """The memory service: the per-reply search (here), every change to memories (`MemoryWrites`, `BulkWrites`)
-    and their vectors (`MemoryVectors`)."""
+    and their vectors (`vectors`)."""
 
     def was_on_desk_this_morning(self, memory: Memory, today: date) -> bool:
         """DESK_REFRESH=daily: whether the memory was active when today's first reply began.
@@ -186,3 +170,15 @@ class MemoryCore(MemoryWrites, BulkWrites, MemoryVectors):
     async def all_memories(self) -> list[Memory]:
         async with self.pool.acquire() as conn:
             return await store.all_memories(conn)
+
+    async def reembed_missing(self) -> int:
+        return await self.vectors.reembed_missing()
+
+    async def integrity_problems(self) -> dict[str, list[str]]:
+        """Every inconsistency the rules forbid, by kind (`python -m bot check`); empty lists mean the data is sound."""
+        async with self.pool.acquire() as conn:
+            return await store.integrity_problems(conn, self.settings.server_memory_limit, self.settings.personal_memory_limit)
+
+    async def count_memories(self) -> int:
+        async with self.pool.acquire() as conn:
+            return await conn.fetchval("SELECT count(*) FROM memories")

@@ -157,7 +157,7 @@ class MemoryWrites(MemoryBase):
             if vector is not None and space is not None:
                 await store.store_vector(conn, saved.id, space, vector, text)  # type: ignore[arg-type]
         if vector is None and space is not None:
-            self.vectors_wanted.set()
+            self.embeddings.want_vectors()
         return SaveResult(saved=saved, forgotten=forgotten, rejected=None, detail="saved", similar=similar)
 
     def _repeats(
@@ -258,7 +258,7 @@ class MemoryWrites(MemoryBase):
             if vector is not None and space is not None:
                 await store.store_vector(conn, memory_id, space, vector, cleaned)  # type: ignore[arg-type]
         if vector is None and space is not None:
-            self.vectors_wanted.set()
+            self.embeddings.want_vectors()
         return SaveResult(saved=updated, forgotten=[], rejected=None, detail="edited", replaced_text=current.text)
 
     async def delete(
