@@ -53,14 +53,13 @@ from bench.pg import BenchServer
 from bot.chat.messages import IncomingMessage, UserRef
 from bot.chat.receipts import ReplyStatus
 from bot.chat.reply import ReplyOutcome
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import Database, create_pool
 from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
 from bot.memory.models import Conversation, MemoryList, Recall, Source
-from bot.memory.recall import MemoryCore
 from bot.servers.service import Servers
-from bot.services import Services, build_services
+from bot.services import Services, build_services, memory_core
 
 BOT_USER_ID = 990_000_000_000_000_001
 BOT_NAME = "Deskmate"
@@ -174,34 +173,35 @@ def plan(size: Size, path: Path = LOCOMO_PATH) -> Plan:
 # --- recall as the baselines want it -----------------------------------------------------------------
 
 
-class NoMemories(MemoryCore):
-    """The search runs as usual (chat history and documents share it), but no memory reaches the prompt."""
-
-    async def reply_search(self, conversation: Conversation) -> Recall:
-        recall = await super().reply_search(conversation)
-        return dataclasses.replace(recall, desk=[], used=[], recalled=[], held_back=[], by_text=[], desk_ranks={})
+def no_memories(recall: Recall) -> Recall:
+    """The search ran as usual (chat history and documents share it), but no memory reaches the prompt."""
+    return dataclasses.replace(recall, desk=[], used=[], recalled=[], held_back=[], by_text=[], desk_ranks={})
 
 
-class TopTen(MemoryCore):
+def top_ten(recall: Recall) -> Recall:
     """Classic retrieval: no desk; the best matches (MAX_USED=10, any similarity, cosine) near the end."""
-
-    async def reply_search(self, conversation: Conversation) -> Recall:
-        recall = await super().reply_search(conversation)
-        return dataclasses.replace(recall, desk=[], recalled=list(recall.used), held_back=[], desk_ranks={})
+    return dataclasses.replace(recall, desk=[], recalled=list(recall.used), held_back=[], desk_ranks={})
 
 
 TOP_TEN = {"max_used": 10, "min_similarity": -1.0, "max_recalled": 0, "lexical_weight": 0.0}
-CORES: dict[str, tuple[type[MemoryCore], dict[str, Any]]] = {
-    "defaults": (MemoryCore, {}), "none": (NoMemories, {}), "top10": (TopTen, TOP_TEN),
+RECALLS: dict[str, tuple[Callable[[Recall], Recall] | None, dict[str, Any]]] = {
+    "defaults": (None, {}), "none": (no_memories, {}), "top10": (top_ten, TOP_TEN),
 }
 
 
 @contextlib.asynccontextmanager
 async def wired(pool: asyncpg.Pool, settings: Settings, clock: ManualClock, recall: str = "defaults") -> AsyncIterator[Services]:
     """The bot's services on the baseline's database, wired by `bot.services` around the baseline's core."""
-    core_class, overrides = CORES[recall]
+    shaped, overrides = RECALLS[recall]
     settings = settings.with_overrides(**overrides)
-    core = core_class(pool, shared_embedder(), settings, clock, servers=Servers(pool, settings))
+    core = memory_core(pool, shared_embedder(), settings, clock, servers=Servers(pool, settings))
+    if shaped is not None:  # the baseline's recall: the core's own search, its outcome reshaped for the prompt
+        search = core.reply_search
+
+        async def reply_search(conversation: Conversation) -> Recall:
+            return shaped(await search(conversation))
+
+        core.reply_search = reply_search  # type: ignore[method-assign]
     services = build_services(core, Database(url="", pool=pool), bot_user_id=BOT_USER_ID)
     await services.servers.sync_default_persona()
     try:

@@ -19,7 +19,7 @@ import pytest
 from bench import e2e, report
 from bench import e2e_score as score
 from bench.pg import BenchServer
-from bot.memory.embeddings import BuiltinEmbedder
+from bot.embeddings.providers import BuiltinEmbedder
 from tests.fakes import SUMMARY_INSTRUCTIONS, FakeChatServer
 
 DATA = Path(__file__).resolve().parent / "data"
