@@ -250,7 +250,7 @@ class Channel:
         return datetime(day.year, day.month, day.day, 12, tzinfo=UTC) + timedelta(minutes=minute)
 
     async def rollover(self, services: Services, clock: ManualClock, proxy: ModelProxy, day: date) -> None:
-        """A new chat day: what the running bot does in the background, done here before the day's first message."""
+        """A new chat day: what the running bot does in the background (an upkeep pass, the channel's day catch-up)."""
         clock.current = self.at(day)
         proxy.phase = "day-end"
         await services.upkeep.rebuild()
@@ -266,9 +266,7 @@ class Channel:
         stats: dict[str, Any] = {"replies": 0, "failed_replies": 0, "tool_changes": 0, "gold_saved": 0}
         if gold:
             await services.servers.update_guild_settings(self.guild_id, self_teaching=False)
-        for number, session in enumerate(self.sample.sessions):
-            if number:
-                await self.rollover(services, clock, proxy, session.day)
+        for session in self.sample.sessions:
             clock.current = self.at(session.day)
             if gold:  # saved as the bot saves (source `bot`), so self-teaching is on for the moment of the saves
                 await services.servers.update_guild_settings(self.guild_id, self_teaching=True)
@@ -304,8 +302,11 @@ class Channel:
                 clock.current = self.at(session.day, 2 * t + 1)
                 for post in posts:
                     await services.chat.handle(self.message(BOT_USER_ID, post, clock.now(), reply_to=incoming.message_id))
+            # The day is over: its day-end work runs now, as on the next morning of a running bot. (The bot starts it
+            # with the channel's first message after the rollover, and looks back SUMMARY_BACKFILL_DAYS; LoCoMo's
+            # sessions are often weeks apart, so waiting for the next session would leave many days unsummarised.)
+            await self.rollover(services, clock, proxy, session.day + timedelta(days=1))
             say(f"    {self.sample.sample_id} session {session.number} ({session.day}): {len(session.turns)} turns")
-        await self.rollover(services, clock, proxy, self.question_day)
         return stats
 
     @property

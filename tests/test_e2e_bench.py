@@ -20,6 +20,7 @@ from bench import e2e, report
 from bench import e2e_score as score
 from bench.pg import BenchServer
 from bot.embeddings.providers import BuiltinEmbedder
+from bot.summaries.writer import DAY_INSTRUCTIONS
 from tests.fakes import SUMMARY_INSTRUCTIONS, FakeChatServer
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -206,7 +207,9 @@ async def test_the_section_runs_every_baseline_end_to_end_and_resumes_from_its_s
     # the one memory covers the adoption, and by the embedding rule also the dog's puppy class (same dog, same person)
     assert (saving["covered"], saving["facts"], saving["memories"], saving["wrong_person"]) == (2, 6, 1, 0)
     summaries = [r for r in chat.requests if r["messages"][0]["content"] in SUMMARY_INSTRUCTIONS]
-    assert summaries and "Priya: " in summaries[0]["messages"][-1]["content"]  # day 1 summarised at the rollover
+    # each session's day summarised at its rollover, though the sessions are 22 days apart (beyond SUMMARY_BACKFILL_DAYS)
+    days = [r["messages"][-1]["content"].splitlines()[0] for r in summaries if r["messages"][0]["content"] == DAY_INSTRUCTIONS]
+    assert days == ["Chat of Mon 2025-03-03", "Chat of Tue 2025-03-25"], days
     assert all(r["temperature"] == 0 and r["seed"] == e2e.SEED for r in chat.requests)
 
     answers = {name: b["answering"] for name, b in baselines.items()}
