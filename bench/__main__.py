@@ -178,8 +178,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--crowd-variants", help="comma-separated subset of the crowded-server variants (development)")
     parser.add_argument("--crowd-limits", help="unlimited and/or limit100 (development; both by default)")
     parser.add_argument("--e2e-size", choices=tuple(e2e.SIZES),
-                        help="section 5: quick (1 session, 4 questions), small (2 sessions of 2 conversations; the default),"
-                        " full (every LoCoMo conversation)")
+                        help="section 5: quick (1 session, 4 questions), tiny (2 sessions of 1 conversation),"
+                        " small (2 sessions of 2 conversations; the default), full (every LoCoMo conversation)")
     parser.add_argument("--e2e-baselines",
                         help="section 5: comma-separated subset of defaults,gold,none,top10 (run in that order)")
     parser.add_argument("--e2e-fresh", action="store_true",

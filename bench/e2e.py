@@ -80,6 +80,7 @@ class Size:
 
 SIZES = {
     "quick": Size("quick", 1, 1, 4),
+    "tiny": Size("tiny", 1, 2),
     "small": Size("small", 2, 2),
     "full": Size("full", None, None),
 }
@@ -489,8 +490,8 @@ class Run:
             covering |= {int(key): ids for key, ids in result.covering.items()}
             texts |= {f"f{f.key}": f.text for f in facts} | {f"m{m.id}": m.text for m in mine}
             judged += [{"fact": key, "memory": memory, "similarity": round(sim, 3)} for key, memory, sim in result.pairs]
-        if not gold:
-            totals["judge_check"] = await self.judge_facts(judged, texts)
+        if not gold:  # judged once every baseline has its answers (a slow judge must not hold the answers back)
+            totals["judge_pairs"] = {"pairs": judged, "texts": texts}
         totals["chat_days"] = self.plan.chat_days
         totals["by_source"] = sources
         return totals, covering
@@ -625,6 +626,11 @@ async def run(
             answering = results[baseline.name]["answering"]
             say(f"  {baseline.name}: J {answering['j']:.3f} {answering['j_ci']}, F1 {answering['f1']:.3f},"
                 f" gold in prompt {answering['gold_in_prompt']:.3f} ({results[baseline.name]['seconds']} s)")
+        for result in results.values():
+            pairs = result["saving"].pop("judge_pairs", None)
+            if pairs is not None and "judge_check" not in result["saving"]:
+                result["saving"]["judge_check"] = await the_run.judge_facts(pairs["pairs"], pairs["texts"])
+                the_run.save_state()
         judge_check = await the_run.judge_check(hand_checked_judgements())
     return {
         "model": chat.model, "endpoint": chat.host, "quantisation": environment.get("BENCH_CHAT_QUANTISATION", ""),
