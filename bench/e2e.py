@@ -587,8 +587,12 @@ def summarise_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
 async def run(
     server: BenchServer, say: Callable[[str], None], *, size: Size, baselines: Sequence[Baseline] = BASELINES,
     path: Path = LOCOMO_PATH, env: dict[str, str] | None = None, folder: Path | None = None, fresh: bool = False,
+    checks: bool = True,
 ) -> dict[str, Any]:
-    """Every baseline on the plan of `size`; {} with a note when the data or the model is missing."""
+    """Every baseline on the plan of `size`; {} with a note when the data or the model is missing.
+
+    `checks`: also ask the judge about the matching rule's pairs and the hand-checked judgements (when they are
+    not in the state yet); without, the report says what is missing."""
     if not _exists(path):
         say(f"End to end skipped: {path} is missing (its license forbids copying it into the repository).")
         return {}
@@ -627,11 +631,13 @@ async def run(
             say(f"  {baseline.name}: J {answering['j']:.3f} {answering['j_ci']}, F1 {answering['f1']:.3f},"
                 f" gold in prompt {answering['gold_in_prompt']:.3f} ({results[baseline.name]['seconds']} s)")
         for result in results.values():
-            pairs = result["saving"].pop("judge_pairs", None)
-            if pairs is not None and "judge_check" not in result["saving"]:
+            pairs = result["saving"].get("judge_pairs")
+            if checks and pairs is not None and "judge_check" not in result["saving"]:
                 result["saving"]["judge_check"] = await the_run.judge_facts(pairs["pairs"], pairs["texts"])
                 the_run.save_state()
-        judge_check = await the_run.judge_check(hand_checked_judgements())
+        judge_check = await the_run.judge_check(hand_checked_judgements()) if checks else the_run.state.get("judge_check", {})
+    for result in results.values():
+        result["saving"].pop("judge_pairs", None)
     return {
         "model": chat.model, "endpoint": chat.host, "quantisation": environment.get("BENCH_CHAT_QUANTISATION", ""),
         "judge_model": judge.model, "judge_endpoint": judge.host, "size": size.name,

@@ -206,10 +206,12 @@ def e2e_table(results: dict[str, Any]) -> list[str]:
         )
     check = e2e.get("judge_check") or {}
     load = e2e.get("load_average", {})
+    agreed = (
+        f"The judge agreed with the hand-checked judgements of tests/data/e2e_judgements.jsonl {check['agree']} / {check['judgements']}"
+        " times." if check else "The judge was not checked against the hand-checked judgements in this run."
+    )
     lines.append(
-        f"\n{e2e['questions']} questions per baseline; intervals: Wilson (J), seeded bootstrap (F1)."
-        f" The judge agreed with the hand-checked judgements of tests/data/e2e_judgements.jsonl"
-        f" {check.get('agree', 0)} / {check.get('judgements', 0)} times."
+        f"\n{e2e['questions']} questions per baseline; intervals: Wilson (J), seeded bootstrap (F1). {agreed}"
         f" Wall time {e2e.get('wall_seconds', 0) / 60:.0f} min, load average {load.get('start')} → {load.get('end')}"
         " (a shared machine: other work ran at the same time)."
     )
@@ -247,9 +249,12 @@ SAVING_ROWS: tuple[tuple[str, Any], ...] = (
     ("tokens per chat day (prompt + completion): replies", _per_day("reply", True)),
     ("tokens per chat day (prompt + completion): day-end work", _per_day("day-end", True)),
     ("memory changes made by tool calls", lambda b, _: str(b["replay"]["tool_changes"])),
-    ("judge agrees with the matching rule (pairs near the threshold)",
-     lambda b, _: f"{b['saving'].get('judge_check', {}).get('agree', 0)} / {b['saving'].get('judge_check', {}).get('pairs', 0)}"),
+    ("judge agrees with the matching rule (pairs near the threshold)", lambda b, _: _agreement(b["saving"].get("judge_check"))),
 )
+
+
+def _agreement(check: dict[str, Any] | None) -> str:
+    return f"{check['agree']} / {check['pairs']}" if check else "not asked in this run"
 
 
 def wilson_interval(successes: int, total: int) -> tuple[float, float]:
