@@ -207,8 +207,9 @@ def e2e_table(results: dict[str, Any]) -> list[str]:
     check = e2e.get("judge_check") or {}
     load = e2e.get("load_average", {})
     agreed = (
-        f"The judge agreed with the hand-checked judgements of tests/data/e2e_judgements.jsonl {check['agree']} / {check['judgements']}"
-        " times." if check else "The judge was not checked against the hand-checked judgements in this run."
+        f"The judge agreed with the hand-checked judgements of tests/data/e2e_judgements.jsonl"
+        f" {check['agree']} / {check['judgements']} times."
+        if check else "The judge was not checked against the hand-checked judgements in this run."
     )
     lines.append(
         f"\n{e2e['questions']} questions per baseline; intervals: Wilson (J), seeded bootstrap (F1). {agreed}"
