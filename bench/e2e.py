@@ -552,6 +552,18 @@ def hand_checked_judgements() -> list[dict[str, Any]]:
     return [json.loads(line) for line in HAND_CHECKED.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def recorded_seconds(folder: Path) -> float:
+    """The time every recorded call of the run's folder took when it was made (all attempts of an interrupted run)."""
+    total = 0.0
+    for name in ("chat-calls.jsonl", "judge-calls.jsonl"):
+        path = folder / name
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                with contextlib.suppress(ValueError):
+                    total += float(json.loads(line).get("seconds") or 0.0)
+    return total
+
+
 def _exists(path: Path) -> bool:
     return path.is_file()
 
@@ -647,6 +659,7 @@ async def run(
         "settings": {"chat_context_tokens": context_tokens, "temperature": 0,
                      "fact_match_similarity": score.FACT_MATCH_SIMILARITY},
         "baselines": results, "judge_check": judge_check, "wall_seconds": round(time.perf_counter() - started),
+        "model_minutes": round(recorded_seconds(run_dir) / 60),
         "load_average": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
         "run_folder": str(run_dir),
     }

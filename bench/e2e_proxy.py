@@ -37,12 +37,14 @@ class PhaseCount:
     failed: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    seconds: float = 0.0  # waiting for the model (replayed calls cost none)
+    seconds: float = 0.0  # waiting for the model in this process (replayed calls cost none)
+    model_seconds: float = 0.0  # what the calls took when they were made, replayed ones included
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "calls": self.calls, "replayed": self.replayed, "failed": self.failed, "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens, "seconds": round(self.seconds, 1),
+            "model_seconds": round(self.model_seconds, 1),
         }
 
 
@@ -61,7 +63,7 @@ class ModelProxy:
         self.seed = seed
         self.phase = "other"
         self.counts: dict[str, PhaseCount] = defaultdict(PhaseCount)
-        self._known: dict[str, dict[str, Any]] = {}
+        self._known: dict[str, tuple[dict[str, Any], float]] = {}
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.port = 0
@@ -71,7 +73,7 @@ class ModelProxy:
                     entry = json.loads(line)
                 except ValueError:  # the last line of a run killed mid-write
                     continue
-                self._known[entry["key"]] = entry["response"]
+                self._known[entry["key"]] = (entry["response"], float(entry.get("seconds") or 0.0))
 
     @property
     def url(self) -> str:
@@ -114,22 +116,25 @@ class ModelProxy:
         count = self.counts[self.phase]
         count.calls += 1
         key = request_key(body)
-        answer = self._known.get(key)
-        if answer is not None:
+        known = self._known.get(key)
+        if known is not None:
             count.replayed += 1
-            self._count_usage(count, answer)
-            return 200, answer
+            count.model_seconds += known[1]
+            self._count_usage(count, known[0])
+            return 200, known[0]
         began = time.monotonic()
         status, answer = await self._forward(body)
-        count.seconds += time.monotonic() - began
+        took = time.monotonic() - began
+        count.seconds += took
+        count.model_seconds += took
         if status != 200:
             count.failed += 1
             return status, answer
         self._count_usage(count, answer)
-        self._known[key] = answer
+        self._known[key] = (answer, took)
         if self.recording is not None:
             with self.recording.open("a", encoding="utf-8") as out:
-                out.write(json.dumps({"key": key, "phase": self.phase, "seconds": round(time.monotonic() - began, 2),
+                out.write(json.dumps({"key": key, "phase": self.phase, "seconds": round(took, 2),
                                       "request": body, "response": answer}, ensure_ascii=False) + "\n")
         return status, answer
 

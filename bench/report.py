@@ -213,7 +213,8 @@ def e2e_table(results: dict[str, Any]) -> list[str]:
     )
     lines.append(
         f"\n{e2e['questions']} questions per baseline; intervals: Wilson (J), seeded bootstrap (F1). {agreed}"
-        f" Wall time {e2e.get('wall_seconds', 0) / 60:.0f} min, load average {load.get('start')} → {load.get('end')}"
+        f" Time waiting for the models: {e2e.get('model_minutes', '–')} min (every recorded call of the run, when it was made),"
+        f" load average {load.get('start')} → {load.get('end')}"
         " (a shared machine: other work ran at the same time)."
     )
     return lines
