@@ -51,7 +51,7 @@ from bench.pg import BenchServer
 from bot.clock import ManualClock
 from bot.config import Settings
 from bot.memory.models import Conversation
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.prompt import ChatLine, Persona
 
 CONVERSATIONS_PER_SERVER = 5

@@ -42,9 +42,8 @@ from bench.pg import BenchServer
 from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
-from bot.memory.base import NewMemory
-from bot.memory.models import Conversation, MemoryList, Recall, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Conversation, MemoryList, NewMemory, Recall, Source
+from bot.memory.service import MemoryCore
 from bot.prompt import ChatLine, Persona, Prompt, PromptInput, build_prompt, recalled_item
 from bot.services import memory_core
 from bot.tokens import encoding

@@ -151,7 +151,7 @@ async def measure(
                 )
                 first = server.guild_id not in seen
                 seen.add(server.guild_id)
-                persona = await core.persona_id(server.guild_id)
+                persona = await core.servers.persona_id(server.guild_id)
                 topk_args = (server.guild_id, persona, people, dataset.space_id, embedder.vector)
                 recall_ms = topk_ms = 0.0
                 outcome = None
@@ -200,13 +200,13 @@ async def breakdown(url: str, dataset: Dataset, replies: int, *, seed: int = 13)
     for server in rng.sample(dataset.servers, k=min(20, len(dataset.servers))):
         combos.append((server, rng.sample(server.users, k=3)))
     times: dict[str, list[float]] = {"core": [], "statement": [], "topk": []}
-    space = await core.space_id()
+    space = await core.embeddings.space_id()
     try:
         for index in range(replies + len(combos)):
             server, people = combos[index % len(combos)]
             embedder.vector = dataset.query_vector(vectors, rng.choice(server.topics))
             conversation = Conversation(server.guild_id, server.channel_ids[0], people[0], "hello", tuple(people[1:]))
-            persona = await core.persona_id(server.guild_id)
+            persona = await core.servers.persona_id(server.guild_id)
             if index < len(combos):  # the day's first reply of each group: ages, untimed
                 await core.reply_search(conversation)
                 continue

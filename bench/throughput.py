@@ -230,7 +230,7 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
     clock = ManualClock()
     clock.set_date(BASE_DAY + timedelta(days=6000))
     core = memory_core(pool, embedder, settings, clock)
-    space = await core.space_id()
+    space = await core.embeddings.space_id()
     assert embedder.space == SPACE, "the synthetic memories were embedded in the built-in model's space"
     count = await _reembed(pool, builtin, [s.guild_id for s in servers], space or 0)
     _say(f"re-embedded {count:,} memories of {len(servers)} servers with the built-in model")

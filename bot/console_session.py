@@ -21,7 +21,7 @@ from bot.documents.service import describe_size
 from bot.errors import InvalidInput, Refusal
 from bot.memory.lists import ListRef
 from bot.memory.manage import MemoryManager
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.servers.models import Privacy
 from bot.servers.service import Servers
 from bot.services import Services

@@ -37,7 +37,7 @@ from bot.embeddings.service import Embeddings
 from bot.history.service import HistoryIndex
 from bot.history.source import ChatHistorySource
 from bot.memory.manage import USER_DATA_FORMAT, USER_DATA_VERSION, MemoryManager
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.servers.models import Privacy
 from bot.servers.service import Servers
 from bot.summaries.service import ChannelSummaries

@@ -17,8 +17,7 @@ from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
 from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder
-from bot.memory.base import NewMemory
-from bot.memory.models import Conversation, MemoryList, Source
+from bot.memory.models import Conversation, MemoryList, NewMemory, Source
 from bot.services import memory_core
 
 LIMITS = {"server_memory_limit": 6, "personal_memory_limit": 4, "dormant_after_days": 1}

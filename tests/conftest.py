@@ -25,7 +25,7 @@ from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import apply_migrations, create_pool, drop_database, with_database
 from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder, Embedder
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.services import memory_core
 from tests.fakes import FakeChatServer
 from tests.pgbouncer import Bouncer, pgbouncer_binary, running_pgbouncer

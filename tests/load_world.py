@@ -44,9 +44,8 @@ from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
 from bot.embeddings.providers import DeadlineEmbedder, EmbeddingSpace
-from bot.memory.base import NewMemory
-from bot.memory.models import MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.services import build_services, memory_core
 from tests.fakes import LocalEndpoint
 

@@ -17,7 +17,7 @@ from bot.clock import ManualClock
 from bot.documents.service import DocumentLibrary
 from bot.embeddings.providers import Embedder, EmbeddingError, EmbeddingSpace
 from bot.history.service import HistoryIndex
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.services import Services, build_services
 from bot.upkeep import Upkeep
 

@@ -36,7 +36,7 @@ from bot.memory import store
 from bot.memory.lists import ImportMode, ListRef
 from bot.memory.manage import EXPORT_FORMAT, MemoryManager
 from bot.memory.models import Memory, MemoryList, ScoredMemory, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.memory.visibility import TAG_PATTERN, clean_text
 from bot.prompt import ChatLine, Persona, PromptInput, build_prompt, recalled_item
 from bot.services import memory_core

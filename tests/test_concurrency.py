@@ -18,9 +18,8 @@ from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
 from bot.embeddings.providers import DeadlineEmbedder
-from bot.memory.base import NewMemory
-from bot.memory.models import Conversation, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Conversation, MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.services import memory_core
 from tests.conftest import Route
 

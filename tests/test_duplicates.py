@@ -16,8 +16,7 @@ import numpy as np
 
 from bot.config import Settings
 from bot.embeddings.providers import BuiltinEmbedder
-from bot.memory.base import NewMemory
-from bot.memory.models import MemoryList, Source
+from bot.memory.models import MemoryList, NewMemory, Source
 from tests.conftest import MakeCore
 from tests.recall_helpers import FlakyEmbedder
 

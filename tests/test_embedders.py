@@ -19,8 +19,7 @@ from bot.embeddings.providers import (
     checked_vectors,
     create_embedder,
 )
-from bot.memory.base import NewMemory
-from bot.memory.models import Conversation, MemoryList
+from bot.memory.models import Conversation, MemoryList, NewMemory
 from tests.conftest import MakeCore
 from tests.fakes import FakeEmbeddingsServer
 

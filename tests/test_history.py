@@ -14,7 +14,7 @@ from bot.chat.receipts import ReplyStatus
 from bot.clock import ManualClock
 from bot.history import store as history_store
 from bot.history.service import CHUNK_MAX_MESSAGES, ChatRow, plan_chunks
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.services import memory_core
 from bot.tokens import count_tokens
 from tests.conftest import MakeCore

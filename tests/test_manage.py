@@ -12,10 +12,9 @@ import pytest
 from bot.chat import log_store
 from bot.embeddings.providers import EmbeddingError, EmbeddingSpace
 from bot.errors import InvalidInput, Refusal
-from bot.memory.base import NewMemory
 from bot.memory.lists import ImportMode, Scope, VectorStatus, looks_like_instruction, split_tags
 from bot.memory.manage import EXPORT_FORMAT, MemoryManager, count_tokens
-from bot.memory.models import Conversation, MemoryList, Rejection, Source
+from bot.memory.models import Conversation, MemoryList, NewMemory, Rejection, Source
 from bot.servers import store as servers_store
 from bot.servers.models import Privacy
 from bot.services import build_services, memory_core

@@ -38,11 +38,10 @@ from bot.clock import ManualClock
 from bot.documents.service import DocumentLibrary
 from bot.embeddings.providers import DeadlineEmbedder
 from bot.history.service import HistoryIndex
-from bot.memory.base import NewMemory
 from bot.memory.lists import ImportMode, Scope
 from bot.memory.manage import MemoryManager
-from bot.memory.models import Memory, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Memory, MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Privacy
 from bot.services import build_services
 from tests.conftest import MakeCore

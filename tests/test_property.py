@@ -20,8 +20,7 @@ from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
 from bot.embeddings.providers import DeadlineEmbedder
-from bot.memory.base import NewMemory
-from bot.memory.models import Conversation, MemoryList, Rejection, Source
+from bot.memory.models import Conversation, MemoryList, NewMemory, Rejection, Source
 from bot.services import memory_core
 from tests.test_rules import FlakyEmbedder
 

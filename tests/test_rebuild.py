@@ -16,9 +16,8 @@ import pytest
 from bot.clock import ManualClock
 from bot.embeddings.providers import DeadlineEmbedder, EmbeddingSpace
 from bot.history.service import HistoryIndex
-from bot.memory.base import NewMemory
-from bot.memory.models import Conversation, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Conversation, MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.services import memory_core
 from bot.upkeep import Upkeep
 from tests.conftest import MakeCore
@@ -64,7 +63,7 @@ async def test_rebuild_across_two_spaces_resumes_where_it_stopped(make_core: Mak
     await old.documents.add(GUILD, "handbook.md", HANDBOOK, by=JUNO)
     first = await old.upkeep.rebuild()
     assert first.counts["chunks"].done == 2 and first.paused is None
-    old_space = await old.core.space_id()
+    old_space = await old.core.embeddings.space_id()
     assert await vector_counts(old) == {
         "memory_vectors": {old_space: 3}, "history_chunk_vectors": {old_space: 2}, "document_passage_vectors": {old_space: 2}
     }
@@ -74,7 +73,7 @@ async def test_rebuild_across_two_spaces_resumes_where_it_stopped(make_core: Mak
     new = await in_new_space(old, flaky, clock, embedding_batch_size=2, context_messages=6)
     seen: list[tuple[int, int]] = []
     paused = await new.upkeep.rebuild(lambda state: seen.append((state.done, state.total)))
-    new_space = await new.core.space_id()
+    new_space = await new.core.embeddings.space_id()
     assert new_space != old_space
     assert paused.paused and "provider is down" in paused.paused and new.upkeep.last_error == paused.paused
     assert (paused.counts["memories"].done, paused.counts["chunks"].done, paused.counts["passages"].done) == (3, 0, 0)

@@ -19,9 +19,8 @@ from bot.chat.reply import ReplyPipeline
 from bot.clock import ManualClock
 from bot.config import Settings
 from bot.embeddings.providers import BuiltinEmbedder, create_embedder
-from bot.memory.base import NewMemory
-from bot.memory.models import MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.services import memory_core
 from bot.tools.chart import buckets, days_unused_chart
 from tests.conftest import MakeCore

@@ -14,9 +14,8 @@ import pytest
 
 from bot.clock import ManualClock
 from bot.embeddings.providers import EmbeddingError, EmbeddingSpace, NoEmbedder
-from bot.memory.base import NewMemory
-from bot.memory.models import Conversation, Memory, MemoryList, Rejection, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Rejection, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Privacy
 from tests.conftest import MakeCore
 

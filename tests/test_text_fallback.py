@@ -20,9 +20,8 @@ from bot.chat.receipts import Receipt, ReplyStatus
 from bot.chat.sources import BY_TEXT
 from bot.clock import ManualClock
 from bot.embeddings.providers import NoEmbedder
-from bot.memory.base import NewMemory
-from bot.memory.models import Conversation, Memory, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Privacy
 from bot.services import memory_core
 from tests.conftest import MakeCore

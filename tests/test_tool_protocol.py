@@ -28,8 +28,7 @@ from bot.chat.notices import ChangeKind
 from bot.chat.receipts import ReplyStatus
 from bot.chat.reply import ReplyOutcome, ReplyPipeline
 from bot.clock import ManualClock
-from bot.memory.base import NewMemory
-from bot.memory.models import MemoryList, Source
+from bot.memory.models import MemoryList, NewMemory, Source
 from bot.services import build_services
 from tests.conftest import MakeCore
 from tests.fakes import FakeChatServer, serve_locally

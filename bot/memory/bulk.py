@@ -11,15 +11,31 @@ from collections.abc import Sequence
 from datetime import UTC
 from typing import Any
 
+import asyncpg
+
+from bot.clock import Clock
+from bot.config import Settings
 from bot.db import Connection
+from bot.embeddings.service import Embeddings
 from bot.errors import NotAllowed, NotFound
 from bot.memory import store
-from bot.memory.base import MemoryBase
+from bot.memory.desk_cache import DeskCache
 from bot.memory.lists import ImportEntry, ListRef
 from bot.memory.models import Memory, MemoryList
 
 
-class BulkWrites(MemoryBase):
+class BulkWrites:
+    """Imports, scope moves and a user's memories for export or deletion."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, embeddings: Embeddings, settings: Settings, clock: Clock, desk_cache: DeskCache
+    ) -> None:
+        self.pool = pool
+        self.embeddings = embeddings
+        self.settings = settings
+        self.clock = clock
+        self.desk_cache = desk_cache
+
     async def set_tags(self, memory_id: int, tags: Sequence[str]) -> Memory:
         async with self.pool.acquire() as conn, conn.transaction():
             await store.set_memory_tags(conn, memory_id, tags, self.clock.now())
@@ -56,7 +72,7 @@ class BulkWrites(MemoryBase):
         # what can be embedded now is; the rest waits for the background re-embedder
         vectors = await self.embeddings.embed_available([entry.text for entry in plan_entries], "imported memories")
         entries = list(zip(plan_entries, vectors, strict=True))
-        space = await self.space_id()
+        space = await self.embeddings.space_id()
         now = self.clock.now().astimezone(UTC)
         removed_ids: list[int] = []
         async with self.pool.acquire() as conn, conn.transaction():

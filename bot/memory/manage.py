@@ -20,7 +20,6 @@ from bot.config import Settings
 from bot.embeddings.providers import EmbeddingError
 from bot.errors import Refusal
 from bot.memory import store
-from bot.memory.base import NewMemory
 from bot.memory.lists import (
     ImportMode,
     ImportPlan,
@@ -33,8 +32,8 @@ from bot.memory.lists import (
     SearchResult,
     VectorStatus,
 )
-from bot.memory.models import Memory, MemoryList, SaveResult, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Memory, MemoryList, NewMemory, SaveResult, Source
+from bot.memory.service import MemoryCore
 from bot.memory.transfer import EXPORT_FORMAT, EXPORT_VERSION, parse_import
 from bot.memory.visibility import normalize_tags
 from bot.tokens import count_tokens
@@ -66,11 +65,11 @@ class MemoryManager:
     # --- which list -------------------------------------------------------------------------
 
     async def server_list(self, guild_id: int) -> ListRef:
-        return ListRef(MemoryList.SERVER, await self.core.persona_id(guild_id), guild_id=guild_id)
+        return ListRef(MemoryList.SERVER, await self.core.servers.persona_id(guild_id), guild_id=guild_id)
 
     async def personal_list(self, owner_id: int, guild_id: int | None, scope: Scope = Scope.ALL) -> ListRef:
         """The owner's personal list as seen where the command runs (a DM sees the default persona)."""
-        persona = await self.core.persona_id(guild_id)
+        persona = await self.core.servers.persona_id(guild_id)
         return ListRef(MemoryList.PERSONAL, persona, guild_id=guild_id, owner_id=owner_id, scope=scope)
 
     def limit_of(self, ref: ListRef) -> int:
@@ -86,7 +85,7 @@ class MemoryManager:
 
     async def page(self, ref: ListRef, number: int, size: int = 10) -> Page:
         """Page `number` (0-based, clamped to the last page) of a list, oldest memory first."""
-        space = await self.core.space_id()
+        space = await self.core.embeddings.space_id()
         where, args = ref.filter()
         async with self.core.pool.acquire() as conn:
             total = await store.count_list(conn, where, args)
@@ -116,7 +115,7 @@ class MemoryManager:
         query = query.strip()
         if not query:
             raise Refusal("type something to search for")
-        space = await self.core.space_id()
+        space = await self.core.embeddings.space_id()
         where, args = ref.filter()
         note: str | None = None
         vector = None
@@ -153,7 +152,7 @@ class MemoryManager:
         """Counts for the memory viewer. `embedding_problem` is the background embedder's last failure, if any:
         memories without a vector then count as "embedding unavailable" rather than "waiting for vector"."""
         ref = ref.widened() if ref.list == MemoryList.PERSONAL else ref
-        space = await self.core.space_id()
+        space = await self.core.embeddings.space_id()
         where, args = ref.filter()
         async with self.core.pool.acquire() as conn:
             rows = await store.list_state_rows(conn, where, args, space=space)

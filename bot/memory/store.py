@@ -100,6 +100,10 @@ async def all_memories(conn: Connection) -> list[Memory]:
     return [Memory.from_row(row) for row in await conn.fetch(f"SELECT {MEMORY_COLUMNS} FROM memories ORDER BY id")]
 
 
+async def count_memories(conn: Connection) -> int:
+    return await conn.fetchval("SELECT count(*) FROM memories")
+
+
 async def count_server_list(conn: Connection, guild_id: int, persona_id: int) -> int:
     return await conn.fetchval(
         "SELECT count(*) FROM memories WHERE list = 'server' AND guild_id = $1 AND persona_id = $2", guild_id, persona_id

@@ -11,20 +11,51 @@ import logging
 import re
 from collections.abc import Sequence
 
+import asyncpg
+
+from bot.clock import Clock, utc_now
+from bot.config import Settings
 from bot.db import Connection
+from bot.embeddings.service import Embeddings
 from bot.errors import InvalidInput
 from bot.memory import store
-from bot.memory.base import MemoryBase, NewMemory, _rejected
-from bot.memory.models import Memory, MemoryList, Rejection, SaveResult, Source
+from bot.memory.decay import Decay
+from bot.memory.desk_cache import DeskCache
+from bot.memory.models import Memory, MemoryList, NewMemory, Rejection, SaveResult, Source
 from bot.memory.visibility import clean_text, normalize_tags
 from bot.servers.models import Privacy
+from bot.servers.service import Servers
 
 log = logging.getLogger(__name__)
 
 NUMBERS = re.compile(r"\d+")
 
 
-class MemoryWrites(MemoryBase):
+def _rejected(reason: Rejection, detail: str) -> SaveResult:
+    return SaveResult(saved=None, forgotten=[], rejected=reason, detail=detail)
+
+
+class MemoryWrites:
+    """Saves (forgetting to make room), edits and deletes, each one transaction that keeps the desk cache right."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        embeddings: Embeddings,
+        settings: Settings,
+        clock: Clock,
+        servers: Servers,
+        decay: Decay,
+        desk_cache: DeskCache,
+    ) -> None:
+        self.pool = pool
+        self.embeddings = embeddings
+        self.settings = settings
+        self.clock = clock
+        self.servers = servers
+        self.decay = decay
+        self.desk_cache = desk_cache
+
     async def _save_refusal(self, conn: Connection, request: NewMemory) -> SaveResult | None:
         """Who may save what, or None when the save may go ahead."""
         guild = await self.servers.guild_settings(request.guild_id, conn) if request.guild_id is not None else None
@@ -74,10 +105,10 @@ class MemoryWrites(MemoryBase):
         if refusal is not None:
             return refusal
 
-        persona = await self.persona_id(request.guild_id)
-        vector, _ = await self._embed_one(text)
-        space = await self.space_id()
-        now, today = self._now()
+        persona = await self.servers.persona_id(request.guild_id)
+        vector, _ = await self.embeddings.embed_one(text)
+        space = await self.embeddings.space_id()
+        now, today = utc_now(self.clock)
         dormant_after = self.settings.dormant_after_days
         async with self.pool.acquire() as conn, conn.transaction():
             if request.list == MemoryList.SERVER:
@@ -113,7 +144,7 @@ class MemoryWrites(MemoryBase):
 
             forgotten: list[Memory] = []
             if lists_to_free:
-                if not self.decay_active:
+                if not self.decay.active:
                     return _rejected(Rejection.LIST_FULL, "the list is full and memory decay is off, so nothing can be forgotten")
                 if vector is None or not search_available:
                     return _rejected(
@@ -235,9 +266,9 @@ class MemoryWrites(MemoryBase):
             refusal = await self._change_refusal(conn, memory, by, via, by_can_manage, deleting=False)
         if refusal is not None:
             return refusal
-        vector, _ = await self._embed_one(cleaned)
-        space = await self.space_id()
-        now, today = self._now()
+        vector, _ = await self.embeddings.embed_one(cleaned)
+        space = await self.embeddings.space_id()
+        now, today = utc_now(self.clock)
         async with self.pool.acquire() as conn, conn.transaction():
             current = await store.get_memory(conn, memory_id, for_update=True)
             if current is None:

@@ -21,9 +21,8 @@ from bot.db import (
     throwaway_database,
 )
 from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder, EmbeddingError, EmbeddingSpace, NoEmbedder
-from bot.memory.base import NewMemory
-from bot.memory.models import Conversation, Memory, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Privacy
 from bot.services import open_services
 
