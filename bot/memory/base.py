@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
 import asyncpg
 
 from bot.config import Settings
-from bot.db import SERVER_STARTS
+from bot.db import SERVER_STARTS, Connection
 from bot.memory import store
 from bot.memory.clock import Clock, SystemClock
 from bot.memory.desk_cache import DeskCache
@@ -20,6 +21,13 @@ from bot.memory.models import Memory, MemoryList, Rejection, SaveResult, Source
 from bot.servers.service import Servers
 
 log = logging.getLogger(__name__)
+
+
+SaveCheck = Callable[[Connection], Awaitable[str | None]]
+"""Run inside a save's (or an edit's) transaction, under the list's lock: a reason it returns refuses the change.
+
+Day-end notes pass one that re-reads, on the same connection, what the note came from (its messages, its
+speaker's privacy and block), so a withdrawal that commits while the model was writing wins."""
 
 
 @dataclass(frozen=True)

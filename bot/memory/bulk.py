@@ -13,7 +13,7 @@ from typing import Any
 
 from bot.db import Connection
 from bot.errors import NotAllowed, NotFound
-from bot.memory import store
+from bot.memory import store, versions_store
 from bot.memory.base import MemoryBase, log
 from bot.memory.embeddings import EmbeddingError
 from bot.memory.lists import ImportEntry, ListRef
@@ -135,13 +135,21 @@ class BulkWrites(MemoryBase):
 
     async def export_user(self, conn: Connection, user_id: int) -> dict[str, Any]:
         """A user's memories for export-my-data (inside the caller's snapshot): rows, for the command layer to shape."""
+        personal = await store.user_personal_memories(conn, user_id)
+        versions = await versions_store.versions_of_memories(conn, [row["id"] for row in personal])
         return {
-            "personal": await store.user_personal_memories(conn, user_id),
+            "personal": personal,
             "authored": await store.user_authored_server_memories(conn, user_id),
+            "versions": {memory_id: [v.as_export() for v in found] for memory_id, found in versions.items()},
         }
 
     async def forget_user(self, conn: Connection, user_id: int) -> dict[str, int]:
-        """A user's part of delete-my-data among memories (inside the caller's transaction)."""
-        counts = await store.forget_user_memories(conn, user_id)
+        """A user's part of delete-my-data among memories and their versions (inside the caller's transaction).
+
+        Takes the user's list lock first, so a save for them in flight (a day-end note) either commits before
+        and is deleted here, or waits and then finds what it came from gone."""
+        await store.lock_list(conn, f"personal:{user_id}")
+        versions = await versions_store.forget_user_versions(conn, user_id)
+        counts = await store.forget_user_memories(conn, user_id) | {"memory_versions": versions}
         self.desk_cache.discard_owner(user_id)
         return counts

@@ -18,9 +18,9 @@ from bot.memory.bulk import BulkWrites
 from bot.memory.desk_cache import DeskCache, prompt_order
 from bot.memory.lexical import lexical_query
 from bot.memory.models import Conversation, Memory, Recall, ScoredMemory
+from bot.memory.updates import ModelUpdates
 from bot.memory.vectors import MemoryVectors
 from bot.memory.visibility import context_words
-from bot.memory.writes import MemoryWrites
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def desk_order(memories: list[Memory]) -> list[Memory]:
     return sorted(memories, key=prompt_order)
 
 
-class MemoryCore(MemoryWrites, BulkWrites, MemoryVectors):
+class MemoryCore(ModelUpdates, BulkWrites, MemoryVectors):
     """The memory service: the per-reply search (here), every change to memories (`MemoryWrites`, `BulkWrites`)
     and their vectors (`MemoryVectors`)."""
 

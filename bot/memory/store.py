@@ -555,3 +555,11 @@ async def count_as_used(conn: Connection, memory_id: int, now: datetime, today: 
         dormant_after,
     )
     return Memory.from_row(row)
+
+
+async def vector_of(conn: Connection, memory_id: int, space: int) -> np.ndarray | None:
+    """A memory's vector in `space`, or None while it waits for one."""
+    found = await conn.fetchval("SELECT embedding FROM memory_vectors WHERE memory_id = $1 AND space_id = $2", memory_id, space)
+    if found is None:
+        return None
+    return np.asarray(found.to_numpy() if hasattr(found, "to_numpy") else found, dtype=np.float32)

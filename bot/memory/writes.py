@@ -13,15 +13,21 @@ from collections.abc import Sequence
 
 from bot.db import Connection
 from bot.errors import InvalidInput
-from bot.memory import store
-from bot.memory.base import MemoryBase, NewMemory, _rejected
-from bot.memory.models import Memory, MemoryList, Rejection, SaveResult, Source
+from bot.memory import store, versions_store
+from bot.memory.base import MemoryBase, NewMemory, SaveCheck, _rejected
+from bot.memory.models import MODEL_SOURCES, Memory, MemoryList, Rejection, SaveResult, Source, VersionVia
 from bot.memory.visibility import clean_text, normalize_tags
 from bot.servers.models import Privacy
 
 log = logging.getLogger(__name__)
 
 NUMBERS = re.compile(r"\d+")
+VERSION_VIA = {Source.BOT: VersionVia.BOT, Source.COMMAND: VersionVia.COMMAND, Source.NOTES: VersionVia.NOTES}
+DEFAULT_REASON = {
+    Source.BOT: "updated by the model in a reply",
+    Source.COMMAND: "edited with a command",
+    Source.NOTES: "corrected by the day-end notes",
+}
 
 
 class MemoryWrites(MemoryBase):
@@ -31,7 +37,7 @@ class MemoryWrites(MemoryBase):
         if request.list == MemoryList.SERVER:
             if guild is None:
                 return _rejected(Rejection.NOT_ALLOWED, "server memories can only be saved in a server")
-            if request.via == Source.BOT:
+            if request.via in MODEL_SOURCES:
                 if not guild.self_teaching:
                     return _rejected(Rejection.NOT_ALLOWED, "self-teaching is switched off in this server")
                 if await self.servers.is_blocked(guild.guild_id, request.by, conn):
@@ -41,7 +47,7 @@ class MemoryWrites(MemoryBase):
             return None
         if request.owner_id is None:
             return _rejected(Rejection.NOT_ALLOWED, "a personal memory needs the user it is about")
-        if request.via != Source.BOT:
+        if request.via not in MODEL_SOURCES:
             if request.by != request.owner_id:
                 return _rejected(Rejection.NOT_ALLOWED, "only its owner can save a personal memory")
             return None
@@ -56,11 +62,13 @@ class MemoryWrites(MemoryBase):
                 return _rejected(Rejection.NOT_ALLOWED, "this user is blocked in this server")
         return None
 
-    async def save(self, request: NewMemory, *, search_available: bool = True) -> SaveResult:
+    async def save(self, request: NewMemory, *, search_available: bool = True, check: SaveCheck | None = None) -> SaveResult:
         """Save one memory; in a full list forget one dormant unprotected memory, or refuse.
 
         `search_available` is False when the reply this save belongs to could not search; a full
-        list then refuses rather than forget something that could not have come back.
+        list then refuses rather than forget something that could not have come back. `check` runs inside
+        the save's transaction, under the list's lock: a reason it returns refuses the save (`withdrawn`), so
+        what the save came from (day-end notes: messages, their authors' privacy) still holds when it commits.
         """
         try:
             text = clean_text(request.text, self.settings.memory_max_chars)
@@ -93,6 +101,9 @@ class MemoryWrites(MemoryBase):
                     personas.update(await store.personas_with_personal_memories(conn, request.owner_id))
                 sizes = await store.personal_list_sizes(conn, request.owner_id, personas)
                 lists_to_free = sorted(p for p, size in sizes.items() if size >= self.settings.personal_memory_limit)
+            withdrawn = await check(conn) if check is not None else None
+            if withdrawn is not None:
+                return _rejected(Rejection.WITHDRAWN, withdrawn)
 
             closest = await store.closest_in_list(
                 conn,
@@ -182,29 +193,30 @@ class MemoryWrites(MemoryBase):
     async def _change_refusal(
         self, conn: Connection, memory: Memory, by: int, via: Source, by_can_manage: bool, *, deleting: bool
     ) -> SaveResult | None:
-        """Who may change or delete what. The model (`via` bot) acts for the person it answers, `by`, and never
-        with more rights than that person has by command; it never deletes a protected memory."""
-        if via == Source.BOT and deleting and memory.protected:
+        """Who may change or delete what. The model (`via` bot or notes) acts for the person it answers (or whose
+        words a day-end note comes from), `by`, never with more rights than that person has by command; it never
+        changes or deletes a protected memory."""
+        if via in MODEL_SOURCES and memory.protected:
             return _rejected(
                 Rejection.NOT_ALLOWED, f"memory #{memory.id} is protected (added or edited with a command, or Global); "
-                "only a command can delete it"
+                f"only a command can {'delete' if deleting else 'change'} it"
             )
         if memory.list == MemoryList.PERSONAL:
             assert memory.owner_id is not None
             if by != memory.owner_id:
                 return _rejected(Rejection.NOT_ALLOWED, "only its owner can change a personal memory")
-            if via == Source.BOT and not deleting and await self.servers.privacy(memory.owner_id, conn) != Privacy.NONE:
+            if via in MODEL_SOURCES and not deleting and await self.servers.privacy(memory.owner_id, conn) != Privacy.NONE:
                 return _rejected(
                     Rejection.PRIVACY, "this user's privacy setting does not let the bot change memories about them"
                 )
             return None
         assert memory.guild_id is not None
         guild = await self.servers.guild_settings(memory.guild_id, conn)
-        if via == Source.BOT and not guild.self_teaching:
+        if via in MODEL_SOURCES and not guild.self_teaching:
             return _rejected(Rejection.NOT_ALLOWED, "self-teaching is switched off in this server")
         if by_can_manage or (guild.member_teaching and memory.created_by == by):
             return None
-        if via == Source.BOT:
+        if via in MODEL_SOURCES:
             return _rejected(
                 Rejection.NOT_ALLOWED,
                 "the person you answer could not change this server memory with /memories (it needs Manage Server, "
@@ -221,9 +233,12 @@ class MemoryWrites(MemoryBase):
         via: Source = Source.COMMAND,
         by_can_manage: bool = False,
         tags: Sequence[str] | None = None,
+        reason: str = "",
+        check: SaveCheck | None = None,
     ) -> SaveResult:
         """Change a memory's text (and its tags, when given) in one transaction. A command edit protects it;
-        the counter restarts at 0 either way."""
+        the counter restarts at 0 either way. The text it replaces is kept as a version in the same transaction
+        (`reason` says why; `by` is who changed it, or for whom the model did)."""
         try:
             cleaned = clean_text(text, self.settings.memory_max_chars)
         except InvalidInput as exc:
@@ -242,13 +257,19 @@ class MemoryWrites(MemoryBase):
             current = await store.get_memory(conn, memory_id, for_update=True)
             if current is None:
                 return _rejected(Rejection.NOT_ALLOWED, f"memory #{memory_id} was deleted meanwhile")
-            by_command = via == Source.COMMAND
+            withdrawn = await check(conn) if check is not None else None
+            if withdrawn is not None:
+                return _rejected(Rejection.WITHDRAWN, withdrawn)
+            if cleaned != current.text:
+                await versions_store.keep_version(
+                    conn, current, replaced_by=by, via=VERSION_VIA[via], reason=reason or DEFAULT_REASON[via], at=now
+                )
             updated = await store.update_memory_text(
                 conn,
                 memory_id,
                 text=cleaned,
-                source=Source.COMMAND if by_command else current.source,
-                protected=current.protected or by_command,
+                source=via if via in (Source.COMMAND, Source.NOTES) else current.source,
+                protected=current.protected or via == Source.COMMAND,
                 now=now,
                 today=today,
             )

@@ -1,0 +1,113 @@
+"""The model's updates: a reply's `update_memory` and the day-end notes' corrections.
+
+A model's update replaces a memory's text only when the new text is about the same subject as the old one
+(`bot.memory.relatedness`, UPDATE_MIN_SIMILARITY). Otherwise it is not applied as an update: the new text is
+saved as a new memory of the same list (through the same rules as any save), the old memory is kept, and the
+result says so, so a small model's mistake cannot erase a fact. The rules are in docs/memory-rules.md
+("Versions and day-end notes").
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from bot.errors import InvalidInput
+from bot.memory import store
+from bot.memory.base import NewMemory, SaveCheck, _rejected
+from bot.memory.embeddings import EmbeddingError
+from bot.memory.models import Memory, Rejection, SaveResult, Source
+from bot.memory.relatedness import same_subject
+from bot.memory.visibility import clean_text
+from bot.memory.writes import MemoryWrites
+
+log = logging.getLogger(__name__)
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(np.dot(a, b) / norm) if norm else 0.0
+
+
+class ModelUpdates(MemoryWrites):
+    async def update_by_model(
+        self,
+        memory_id: int,
+        text: str,
+        *,
+        by: int,
+        guild_id: int | None,
+        via: Source = Source.BOT,
+        by_can_manage: bool = False,
+        reason: str = "",
+        search_available: bool = True,
+        check: SaveCheck | None = None,
+    ) -> SaveResult:
+        """Apply the model's new text to a memory, or, when it is about something else, save it as a new memory.
+
+        `guild_id` is where the change happens (None: a DM); a new memory is saved there, in the same list and
+        with the same owner, channels and tags as the one kept. `result.kept_apart_from` names the kept memory.
+        """
+        try:
+            cleaned = clean_text(text, self.settings.memory_max_chars)
+        except InvalidInput as exc:
+            return _rejected(Rejection.INVALID_TEXT, str(exc))
+        async with self.pool.acquire() as conn:
+            memory = await store.get_memory(conn, memory_id)
+            if memory is None:
+                return _rejected(Rejection.NOT_ALLOWED, f"there is no memory #{memory_id}")
+            refusal = await self._change_refusal(conn, memory, by, via, by_can_manage, deleting=False)
+        if refusal is not None:
+            return refusal
+        if await self.is_same_subject(memory, cleaned):
+            return await self.edit(memory_id, cleaned, by=by, via=via, by_can_manage=by_can_manage, reason=reason, check=check)
+        return await self._save_beside(
+            memory, cleaned, by=by, guild_id=guild_id, via=via, search_available=search_available, check=check
+        )
+
+    async def is_same_subject(self, memory: Memory, new_text: str) -> bool:
+        """Whether `new_text` may replace `memory`'s text as an update (by its stored vector when it has one)."""
+        cosine = None
+        space = await self.space_id()
+        if space is not None:
+            try:
+                async with self.pool.acquire() as conn:
+                    old = await store.vector_of(conn, memory.id, space)
+                texts = [new_text] if old is not None else [new_text, memory.text]
+                vectors = await self.embedder.embed(texts)
+                cosine = _cosine(np.asarray(old if old is not None else vectors[1]), np.asarray(vectors[0]))
+            except EmbeddingError as exc:
+                log.warning("Could not embed an update to compare it with memory #%s, judging by its words: %s", memory.id, exc)
+        return same_subject(memory.text, new_text, cosine, self.settings.update_min_similarity)
+
+    async def _save_beside(
+        self,
+        memory: Memory,
+        text: str,
+        *,
+        by: int,
+        guild_id: int | None,
+        via: Source,
+        search_available: bool,
+        check: SaveCheck | None,
+    ) -> SaveResult:
+        request = NewMemory(
+            list=memory.list,
+            text=text,
+            by=by,
+            via=via,
+            guild_id=memory.guild_id if memory.guild_id is not None else guild_id,
+            owner_id=memory.owner_id,
+            tags=memory.tags,
+            channel_ids=memory.channel_ids,
+        )
+        result = await self.save(request, search_available=search_available, check=check)
+        if result.saved is not None:
+            result.kept_apart_from = memory.id
+            if not result.repeated:
+                result.detail = (
+                    f"the new text is about something else than memory #{memory.id}, so it was saved as a new memory "
+                    f"#{result.saved.id} and #{memory.id} was kept"
+                )
+        return result
