@@ -24,6 +24,7 @@ from typing import TextIO
 
 from bot.chat.messages import IncomingMessage, UserRef
 from bot.chat.model import chat_configured
+from bot.chat.notices import Notices
 from bot.chat.receipts import ReplyStatus
 from bot.config import Settings
 from bot.console_session import BOT_USER_ID, MENTION, SUMMARIES_USAGE, CommandError, ServerCommands, local_id
@@ -158,6 +159,12 @@ class ConsoleChat(ServerCommands):
                 self.show(f"  {prefix}{notice}")
         self.show("  receipt: " + outcome.receipt.render().replace("\n", "\n           "))
         self.core.vectors_wanted.set()  # the background pass chunks what left the context window
+
+    async def show_day_notes(self, channel_id: int, guild_id: int | None, notices: Notices) -> None:
+        """A finished chat day's notes notice (written in the background after the day's first message)."""
+        prefix = {"channel": "", "hidden": "(hidden notice) ", "log": "[#log] "}[notices.destination]
+        for line in notices.lines:
+            self.show(f"  {prefix}{line}")
 
     # --- where and who ---
 
@@ -322,6 +329,7 @@ async def run_console(
         try:
             state_file = settings.data_dir / "console.json"
             console = ConsoleChat(services, clock, out, state_file, _read_day_offset(state_file))
+            services.summaries.notes.listener = console.show_day_notes
             console.tick()
             await console.refresh_persona()
             interactive = stdin.isatty()

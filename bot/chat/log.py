@@ -46,6 +46,7 @@ class ChatLog:
             created_at=message.created_at,
             names=names,
             parent_channel_id=message.parent_channel_id,
+            author_can_manage=message.author_can_manage,
         )
 
     async def record_and_read_window(
@@ -98,6 +99,10 @@ class ChatLog:
         """A channel's messages (its threads' included) in a time range, oldest first."""
         async with self.pool.acquire() as conn:
             return [dict(row) for row in await store.messages_between(conn, channel_id, since, until)]
+
+    async def lock_messages_unchanged(self, conn: Connection, versions: Sequence[tuple[int, int, str]]) -> bool:
+        """Inside the caller's transaction: whether each (channel, message, text) still stands, rows locked till it ends."""
+        return await store.lock_messages_unchanged(conn, versions)
 
     async def channels_with_messages(self, since: datetime) -> list[tuple[int, int | None]]:
         """(channel, server) of every channel with messages since `since` (threads counted with their parent)."""

@@ -37,6 +37,7 @@ async def record_chat_message(
     created_at: datetime,
     names: Mapping[int, str] | None = None,
     parent_channel_id: int | None = None,
+    author_can_manage: bool = False,
 ) -> bool:
     """Store a message once; a second delivery (gateway resume, history backfill) changes nothing.
 
@@ -49,8 +50,8 @@ async def record_chat_message(
     return bool(
         await conn.fetchval(
             "WITH message AS ("
-            f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS})"
-            "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $13) ON CONFLICT (channel_id, message_id) DO NOTHING"
+            f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS}, author_can_manage)"
+            "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $13, $14) ON CONFLICT (channel_id, message_id) DO NOTHING"
             "   RETURNING 1"
             "), named AS ("
             "  INSERT INTO chat_users (user_id, name)"
@@ -71,6 +72,7 @@ async def record_chat_message(
             ids,
             [given[user_id] for user_id in ids],
             parent_channel_id if parent_channel_id != channel_id else None,
+            author_can_manage,
         )
     )
 
@@ -279,7 +281,7 @@ async def chat_days(
 
 async def messages_between(conn: Connection, channel_id: int, since: datetime, until: datetime) -> list[asyncpg.Record]:
     return await conn.fetch(
-        f"SELECT channel_id, message_id, author_id, author_name, is_bot, text, created_at FROM chat_messages"
+        "SELECT channel_id, message_id, author_id, author_name, is_bot, text, created_at, author_can_manage FROM chat_messages"
         f" WHERE {SUMMARY_CHANNEL} = $1 AND created_at >= $2 AND created_at < $3 ORDER BY created_at, message_id",
         channel_id, since, until,
     )
@@ -291,3 +293,18 @@ async def channels_with_messages(conn: Connection, since: datetime) -> list[asyn
         " WHERE created_at >= $1 GROUP BY 1 ORDER BY 1",
         since,
     )
+
+
+async def lock_messages_unchanged(conn: Connection, versions: Sequence[tuple[int, int, str]]) -> bool:
+    """Whether each (channel, message, text) is still stored with that text; the rows stay locked (FOR SHARE) until
+    the caller's transaction ends, so an edit or a deletion racing it waits, then finds what the caller stored."""
+    if not versions:
+        return True
+    rows = await conn.fetch(
+        "SELECT m.channel_id, m.message_id, m.text FROM chat_messages m"
+        " JOIN unnest($1::bigint[], $2::bigint[]) AS v (channel_id, message_id)"
+        "   ON m.channel_id = v.channel_id AND m.message_id = v.message_id"
+        " ORDER BY m.channel_id, m.message_id FOR SHARE OF m",
+        [v[0] for v in versions], [v[1] for v in versions],
+    )
+    return {(row["channel_id"], row["message_id"], row["text"]) for row in rows} == set(versions)

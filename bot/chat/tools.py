@@ -164,7 +164,10 @@ class MemoryTools:
         self.settings = settings
 
     def offered(self, guild: GuildSettings | None) -> list[dict[str, Any]]:
-        """No tools where the bot may not teach itself (fewer tokens, no refusals to explain)."""
+        """No tools where the bot may not teach itself (fewer tokens, no refusals to explain), nor with
+        MEMORY_NOTES=daily (only the day-end notes write memories then)."""
+        if self.settings.memory_notes == "daily":
+            return []
         if guild is None:  # a DM: only the author's personal memories make sense
             return memory_tools(server=False, personal=True, max_chars=self.settings.memory_max_chars)
         if not guild.self_teaching:

@@ -47,6 +47,8 @@ class NewMemory:
     tags: tuple[str, ...] = ()
     channel_ids: tuple[int, ...] = ()
     by_can_manage: bool = False
+    source_messages: tuple[tuple[int, int, int], ...] = ()
+    """Day-end notes: the (channel, message, author) the text came from; deleting one of them deletes the note."""
 
 
 def _rejected(reason: Rejection, detail: str) -> SaveResult:

@@ -563,3 +563,17 @@ async def vector_of(conn: Connection, memory_id: int, space: int) -> np.ndarray 
     if found is None:
         return None
     return np.asarray(found.to_numpy() if hasattr(found, "to_numpy") else found, dtype=np.float32)
+
+
+async def set_memory_sources(conn: Connection, memory_id: int, sources: Sequence[tuple[int, int, int]]) -> None:
+    """The (channel, message, author) a memory's text came from (day-end notes), replacing what was recorded."""
+    await conn.execute("DELETE FROM memory_sources WHERE memory_id = $1", memory_id)
+    if sources:
+        await conn.execute(
+            "INSERT INTO memory_sources (memory_id, channel_id, message_id, author_id)"
+            " SELECT $1, c, m, a FROM unnest($2::bigint[], $3::bigint[], $4::bigint[]) AS s (c, m, a) ON CONFLICT DO NOTHING",
+            memory_id,
+            [source[0] for source in sources],
+            [source[1] for source in sources],
+            [source[2] for source in sources],
+        )

@@ -10,16 +10,17 @@ result says so, so a small model's mistake cannot erase a fact. The rules are in
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 
 from bot.errors import InvalidInput
-from bot.memory import store
+from bot.memory import notes_store, store, versions_store
 from bot.memory.base import NewMemory, SaveCheck, _rejected
 from bot.memory.embeddings import EmbeddingError
 from bot.memory.models import Memory, Rejection, SaveResult, Source
 from bot.memory.relatedness import same_subject
-from bot.memory.visibility import clean_text
+from bot.memory.visibility import clean_text, context_words
 from bot.memory.writes import MemoryWrites
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class ModelUpdates(MemoryWrites):
         reason: str = "",
         search_available: bool = True,
         check: SaveCheck | None = None,
+        source_messages: tuple[tuple[int, int, int], ...] = (),
     ) -> SaveResult:
         """Apply the model's new text to a memory, or, when it is about something else, save it as a new memory.
 
@@ -61,10 +63,22 @@ class ModelUpdates(MemoryWrites):
         if refusal is not None:
             return refusal
         if await self.is_same_subject(memory, cleaned):
-            return await self.edit(memory_id, cleaned, by=by, via=via, by_can_manage=by_can_manage, reason=reason, check=check)
-        return await self._save_beside(
-            memory, cleaned, by=by, guild_id=guild_id, via=via, search_available=search_available, check=check
+            return await self.edit(
+                memory_id, cleaned, by=by, via=via, by_can_manage=by_can_manage, reason=reason, check=check,
+                source_messages=source_messages,
+            )
+        beside = NewMemory(
+            list=memory.list,
+            text=cleaned,
+            by=by,
+            via=via,
+            guild_id=memory.guild_id if memory.guild_id is not None else guild_id,
+            owner_id=memory.owner_id,
+            tags=memory.tags,
+            channel_ids=memory.channel_ids,
+            source_messages=source_messages,
         )
+        return await self._save_beside(memory, beside, search_available=search_available, check=check)
 
     async def is_same_subject(self, memory: Memory, new_text: str) -> bool:
         """Whether `new_text` may replace `memory`'s text as an update (by its stored vector when it has one)."""
@@ -82,26 +96,8 @@ class ModelUpdates(MemoryWrites):
         return same_subject(memory.text, new_text, cosine, self.settings.update_min_similarity)
 
     async def _save_beside(
-        self,
-        memory: Memory,
-        text: str,
-        *,
-        by: int,
-        guild_id: int | None,
-        via: Source,
-        search_available: bool,
-        check: SaveCheck | None,
+        self, memory: Memory, request: NewMemory, *, search_available: bool, check: SaveCheck | None
     ) -> SaveResult:
-        request = NewMemory(
-            list=memory.list,
-            text=text,
-            by=by,
-            via=via,
-            guild_id=memory.guild_id if memory.guild_id is not None else guild_id,
-            owner_id=memory.owner_id,
-            tags=memory.tags,
-            channel_ids=memory.channel_ids,
-        )
         result = await self.save(request, search_available=search_available, check=check)
         if result.saved is not None:
             result.kept_apart_from = memory.id
@@ -111,3 +107,32 @@ class ModelUpdates(MemoryWrites):
                     f"#{result.saved.id} and #{memory.id} was kept"
                 )
         return result
+
+    async def memories_for_notes(
+        self, guild_id: int | None, channel_id: int, people: Sequence[int], texts: Sequence[str], limit: int = 2_000
+    ) -> list[tuple[Memory, np.ndarray | None]]:
+        """What a chat day of `people` in `channel_id` may correct: the memories a reply there could see (the server
+        list, their personal lists; hidden ones left out, `texts` deciding tags), each with its vector or None.
+        Read-only: no counter moves."""
+        space = await self.space_id()
+        persona = await self.persona_id(guild_id)
+        async with self.pool.acquire() as conn:
+            rows = await notes_store.visible_memories(
+                conn, guild_id=guild_id, persona_id=persona, channel_id=channel_id, people=people,
+                context_words=context_words(texts), space=space if space is not None else -1, limit=limit,
+            )
+        found = []
+        for row in rows:
+            vector = row["embedding"]
+            if vector is not None:
+                vector = np.asarray(vector.to_numpy() if hasattr(vector, "to_numpy") else vector, dtype=np.float32)
+            found.append((Memory.from_row(row), vector))
+        return found
+
+    async def current_texts(self, texts: Sequence[str], guild_id: int | None, owner_ids: Sequence[int]) -> dict[str, str]:
+        """Which of `texts` are earlier texts of a memory (this server's, or of `owner_ids`), and that memory's text
+        now: a week summary folds the corrected facts, not the ones a later day replaced."""
+        if not texts:
+            return {}
+        async with self.pool.acquire() as conn:
+            return await versions_store.current_texts(conn, texts, guild_id, owner_ids)

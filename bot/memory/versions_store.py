@@ -106,3 +106,20 @@ async def forget_user_versions(conn: Connection, user_id: int) -> int:
     status = await conn.execute("DELETE FROM memory_versions WHERE written_by = $1", user_id)
     await conn.execute("UPDATE memory_versions SET replaced_by = NULL WHERE replaced_by = $1", user_id)
     return int(status.split()[-1])
+
+
+async def current_texts(
+    conn: Connection, texts: Iterable[str], guild_id: int | None, owner_ids: Iterable[int]
+) -> dict[str, str]:
+    """For each of `texts` that is an earlier text of a memory (of this server's list, or of one of `owner_ids`),
+    the memory's text now: what a fact became after its corrections."""
+    rows = await conn.fetch(
+        "SELECT DISTINCT ON (v.text) v.text AS old, m.text AS now FROM memory_versions v JOIN memories m ON m.id = v.memory_id"
+        " WHERE v.text = ANY ($1::text[]) AND ((m.list = 'server' AND m.guild_id = $2)"
+        "   OR (m.list = 'personal' AND m.owner_id = ANY ($3::bigint[])))"
+        " ORDER BY v.text, v.id DESC",
+        sorted(set(texts)),
+        guild_id,
+        sorted(set(owner_ids)),
+    )
+    return {row["old"]: row["now"] for row in rows if row["old"] != row["now"]}

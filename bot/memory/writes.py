@@ -167,6 +167,8 @@ class MemoryWrites(MemoryBase):
             )
             if vector is not None and space is not None:
                 await store.store_vector(conn, saved.id, space, vector, text)  # type: ignore[arg-type]
+            if request.source_messages:
+                await store.set_memory_sources(conn, saved.id, request.source_messages)
         if vector is None and space is not None:
             self.vectors_wanted.set()
         return SaveResult(saved=saved, forgotten=forgotten, rejected=None, detail="saved", similar=similar)
@@ -235,10 +237,12 @@ class MemoryWrites(MemoryBase):
         tags: Sequence[str] | None = None,
         reason: str = "",
         check: SaveCheck | None = None,
+        source_messages: Sequence[tuple[int, int, int]] = (),
     ) -> SaveResult:
         """Change a memory's text (and its tags, when given) in one transaction. A command edit protects it;
         the counter restarts at 0 either way. The text it replaces is kept as a version in the same transaction
-        (`reason` says why; `by` is who changed it, or for whom the model did)."""
+        (`reason` says why; `by` is who changed it, or for whom the model did). A day-end correction names the
+        messages its text came from (`source_messages`); any other change of the text forgets the old ones."""
         try:
             cleaned = clean_text(text, self.settings.memory_max_chars)
         except InvalidInput as exc:
@@ -264,6 +268,7 @@ class MemoryWrites(MemoryBase):
                 await versions_store.keep_version(
                     conn, current, replaced_by=by, via=VERSION_VIA[via], reason=reason or DEFAULT_REASON[via], at=now
                 )
+                await store.set_memory_sources(conn, memory_id, source_messages if via == Source.NOTES else ())
             updated = await store.update_memory_text(
                 conn,
                 memory_id,

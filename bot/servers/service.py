@@ -136,6 +136,11 @@ class Servers:
         async with self.pool.acquire() as conn:
             return await store.blocked_or_fully_private(conn, guild_id, user_ids)
 
+    async def not_to_be_noted(self, guild_id: int | None) -> list[int]:
+        """Users the model may write nothing about here (privacy partial or full, or blocked in this server)."""
+        async with self.pool.acquire() as conn:
+            return await store.not_to_be_noted(conn, guild_id)
+
     async def set_blocked(self, guild_id: int, user_id: int, blocked: bool) -> None:
         async with self.pool.acquire() as conn:
             await store.set_blocked(conn, guild_id, user_id, blocked)
