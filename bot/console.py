@@ -26,12 +26,12 @@ from bot.chat.messages import IncomingMessage, UserRef
 from bot.chat.model import chat_configured
 from bot.chat.notices import Notices
 from bot.chat.receipts import ReplyStatus
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.console_session import BOT_USER_ID, MENTION, SUMMARIES_USAGE, CommandError, ServerCommands, local_id
+from bot.embeddings.providers import BuiltinEmbedder, create_embedder
 from bot.errors import Refusal
 from bot.failures import database_sentence
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, create_embedder
 from bot.memory.history import describe_version
 from bot.memory.lists import ListRef, Scope, looks_like_instruction
 from bot.memory.models import SaveResult
@@ -158,7 +158,7 @@ class ConsoleChat(ServerCommands):
             for notice in outcome.notices.lines:
                 self.show(f"  {prefix}{notice}")
         self.show("  receipt: " + outcome.receipt.render().replace("\n", "\n           "))
-        self.core.vectors_wanted.set()  # the background pass chunks what left the context window
+        self.services.upkeep.request_pass()  # chunk what left the context window now, not at the next interval
 
     async def show_day_notes(self, channel_id: int, guild_id: int | None, notices: Notices) -> None:
         """A finished chat day's notes notice (written in the background after the day's first message)."""

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TextIO
 
 from bot.chat.receipts import Receipt
+from bot.clock import ManualClock
 from bot.documents.service import describe_size
 from bot.errors import InvalidInput, Refusal
-from bot.memory.clock import ManualClock
 from bot.memory.lists import ListRef
 from bot.memory.manage import MemoryManager
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.servers.models import Privacy
 from bot.servers.service import Servers
 from bot.services import Services
@@ -153,7 +153,7 @@ class ServerCommands(ConsoleSession):
         if rest.lower() not in {level.value for level in Privacy}:
             raise CommandError("/privacy none|partial|full")
         level = Privacy(rest.lower())
-        await self.servers.set_privacy(self.user_id, level)
+        await self.services.set_privacy(self.user_id, level)
         self.show(f"privacy for {self.user}: {level.value}")
 
     # --- server settings, persona, lore ---
@@ -209,7 +209,7 @@ class ServerCommands(ConsoleSession):
         if self.guild_id is None:
             raise CommandError("the blocklist exists only in a server")
         name = self._name(rest, "/block NAME" if blocked else "/unblock NAME")
-        await self.servers.set_blocked(self.guild_id, local_id("user", name), blocked)
+        await self.services.set_blocked(self.guild_id, local_id("user", name), blocked)
         self.show(f"{name} is {'blocked' if blocked else 'no longer blocked'} in this server")
 
     async def cmd_unblock(self, rest: str) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
+import asyncpg
 import openai
 
 from bot.chat.log import ChatLog
@@ -26,16 +27,18 @@ from bot.chat.reply import ReplyPipeline
 from bot.chat.service import ChatService
 from bot.chat.sources import TailSource
 from bot.chat.tools import MemoryTools
+from bot.clock import Clock
 from bot.config import Settings
 from bot.db import Database
 from bot.documents.service import DocumentLibrary
 from bot.documents.source import DocumentSource
+from bot.embeddings.providers import BuiltinEmbedder, Embedder, create_embedder
+from bot.embeddings.service import Embeddings
 from bot.history.service import HistoryIndex
 from bot.history.source import ChatHistorySource
-from bot.memory.clock import Clock
-from bot.memory.embeddings import BuiltinEmbedder, Embedder, create_embedder
 from bot.memory.manage import USER_DATA_FORMAT, USER_DATA_VERSION, MemoryManager
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
+from bot.servers.models import Privacy
 from bot.servers.service import Servers
 from bot.summaries.notes import DayNotes
 from bot.summaries.service import ChannelSummaries
@@ -48,6 +51,7 @@ class Services:
     settings: Settings
     database: Database
     servers: Servers
+    embeddings: Embeddings
     core: MemoryCore
     memories: MemoryManager
     chat_log: ChatLog
@@ -78,12 +82,38 @@ class Services:
                 "receipts": chat["receipts"], "history_channels": history["history_channels"], **summaries}
 
     async def delete_user_data(self, user_id: int) -> dict[str, int]:
-        """Delete-my-data: every owner forgets the user, in one transaction (all of it, or nothing)."""
+        """Delete-my-data: every owner forgets the user, in one transaction (all of it, or nothing).
+
+        Withdrawal wins (bot/summaries/withdrawal.py): the person is locked first, so a summary being stored from
+        their words either is stored before (and deleted here) or sees them gone (and is not stored). The channels
+        whose summaries went are summarised again, without them, in the background.
+        """
         counts: dict[str, int] = {}
         async with self.database.pool.acquire() as conn, conn.transaction():
+            await self.servers.lock_people(conn, [user_id], shared=False)
+            places = await self.summaries.places_of(conn, user_id)
             for owner in (self.core, self.servers, self.documents, self.summaries, self.chat_log):
                 counts |= await owner.forget_user(conn, user_id)
+        self.summaries.recheck(places)
         return counts
+
+    async def set_privacy(self, user_id: int, level: Privacy) -> None:
+        """A person's privacy level, everywhere. `full`: every summary holding their words goes at once (written again
+        without them); the person is locked while it changes, so work in flight cannot bring their words back."""
+        async with self.database.pool.acquire() as conn, conn.transaction():
+            await self.servers.lock_people(conn, [user_id], shared=False)
+            await self.servers.set_privacy(user_id, level, conn)
+            places = await self.summaries.withdraw_person(conn, user_id, None) if level == Privacy.FULL else []
+        self.summaries.recheck(places)
+
+    async def set_blocked(self, guild_id: int, user_id: int, blocked: bool) -> None:
+        """Block or unblock someone in a server. A block removes the server's summaries holding their words, as
+        `set_privacy` does for `full`."""
+        async with self.database.pool.acquire() as conn, conn.transaction():
+            await self.servers.lock_people(conn, [user_id], shared=False)
+            await self.servers.set_blocked(guild_id, user_id, blocked, conn)
+            places = await self.summaries.withdraw_person(conn, user_id, guild_id) if blocked else []
+        self.summaries.recheck(places)
 
     async def export_user_data(self, user_id: int) -> dict[str, Any]:
         """Everything Deskmate stores about a user, in every server and DM (README "Export format"), one snapshot."""
@@ -114,6 +144,13 @@ async def make_embedder(settings: Settings) -> Embedder:
     return create_embedder(settings, builtin)
 
 
+def memory_core(
+    pool: asyncpg.Pool, embedder: Embedder, settings: Settings, clock: Clock | None = None, *, servers: Servers | None = None
+) -> MemoryCore:
+    """A memory core with an embeddings service of its own: for tests, benchmarks and tools that start from a core."""
+    return MemoryCore(pool, Embeddings(pool, embedder, settings), settings, clock, servers=servers)
+
+
 def build_services(
     core: MemoryCore,
     database: Database | None = None,
@@ -122,15 +159,16 @@ def build_services(
     bot_user_id: int | None = None,
     summary_client: openai.AsyncOpenAI | None = None,
 ) -> Services:
-    """Every service around a memory core (no I/O: `open_services` opens and closes around it).
+    """Every service around a memory core and its embeddings service (no I/O: `open_services` opens and closes
+    around it).
 
     The tests build a core on their own database and hand it here, so they run the same wiring.
     """
-    settings = core.settings
+    settings, embeddings = core.settings, core.embeddings
     database = database or Database(url="", pool=core.pool)
     chat_log = ChatLog(database.pool)
-    history = HistoryIndex(core)
-    documents = DocumentLibrary(core)
+    history = HistoryIndex(database.pool, embeddings, settings)
+    documents = DocumentLibrary(database.pool, embeddings, settings, core.clock)
     sources: list[TailSource] = [ChatHistorySource(history), DocumentSource(documents)]
     model = ChatModel(settings, MemoryTools(core, settings), chat_client)
     notes = DayNotes(core, core.servers, chat_log, settings)
@@ -142,12 +180,13 @@ def build_services(
         settings=settings,
         database=database,
         servers=core.servers,
+        embeddings=embeddings,
         core=core,
         memories=MemoryManager(core, import_max_bytes=settings.import_max_bytes),
         chat_log=chat_log,
         history=history,
         documents=documents,
-        upkeep=Upkeep(core, history, documents),
+        upkeep=Upkeep(embeddings, core.vectors, history),
         model=model,
         pipeline=pipeline,
         chat=ChatService(pipeline, chat_log, core.servers, settings, summaries),
@@ -172,7 +211,8 @@ async def open_services(
             stack.push_async_callback(database.close)
         if embedder is None:
             embedder = await make_embedder(settings)
-        core = MemoryCore(database.pool, embedder, settings, clock, servers=Servers(database.pool, settings))
+        embeddings = Embeddings(database.pool, embedder, settings)
+        core = MemoryCore(database.pool, embeddings, settings, clock, servers=Servers(database.pool, settings))
         services = build_services(core, database, chat_client=chat_client, bot_user_id=bot_user_id)
         stack.push_async_callback(services.model.close)
         stack.push_async_callback(services.summaries.close)

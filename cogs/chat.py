@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
@@ -95,6 +96,7 @@ def to_incoming(message: discord.Message) -> IncomingMessage:
     """A discord.Message as the pipeline's plain value (a thread's memory channel is its parent)."""
     channel = message.channel
     parent_id = channel.parent_id if isinstance(channel, discord.Thread) else None
+    private = isinstance(channel, discord.Thread) and channel.type == discord.ChannelType.private_thread
     reference = message.reference
     return IncomingMessage(
         message_id=message.id,
@@ -105,6 +107,7 @@ def to_incoming(message: discord.Message) -> IncomingMessage:
         created_at=message.created_at,
         guild_id=message.guild.id if message.guild is not None else None,
         parent_channel_id=parent_id,
+        private_thread=private,
         is_bot=message.author.bot,
         author_can_manage=isinstance(message.author, discord.Member) and message.author.guild_permissions.manage_guild,
         reply_to=reference.message_id if reference is not None else None,
@@ -189,13 +192,22 @@ class Chat(commands.Cog):
                 continue
             try:
                 if number == 0:
-                    await message.reply(chunk, allowed_mentions=ping_author, mention_author=True)
+                    sent = await message.reply(chunk, allowed_mentions=ping_author, mention_author=True)
                 else:
-                    await message.channel.send(chunk, allowed_mentions=ping_author)
+                    sent = await message.channel.send(chunk, allowed_mentions=ping_author)
             except SEND_ERRORS as exc:  # the rest of this reply would fail the same way: stop here
                 await self.send_failed(message.channel, exc, f"reply to message {message.id}")
                 return
+            if number > 0:  # only the first part references the message it answers; the log must know for every part
+                await self.record_part(sent, message.id)
         self.refused_channels.discard(message.channel.id)
+
+    async def record_part(self, sent: discord.Message, answered_id: int) -> None:
+        """A later part of a long reply, stored as answering the message (so delete-my-data and summaries find it)."""
+        try:
+            await self.services.chat.record(dataclasses.replace(to_incoming(sent), reply_to=answered_id))
+        except Exception:
+            log.exception("Could not record part %s of the reply to message %s", sent.id, answered_id)
 
     @contextlib.asynccontextmanager
     async def typing(self, channel: discord.abc.Messageable) -> AsyncIterator[None]:

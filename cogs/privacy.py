@@ -38,7 +38,7 @@ class Privacy(commands.GroupCog, group_name="privacy", group_description="What t
             await reply(interaction, f"Your privacy level is {LEVEL_TEXT[current]}")
             return
         chosen = PrivacyLevel(level)
-        await servers.set_privacy(interaction.user.id, chosen)
+        await services_of(interaction).set_privacy(interaction.user.id, chosen)
         await reply(interaction, f"Your privacy level is now {LEVEL_TEXT[chosen]} This applies in every server and in DMs.")
 
     @app_commands.command(name="export-my-data", description="Download everything the bot stores about you, as JSON")

@@ -287,13 +287,13 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
     async def blocklist_add(self, interaction: discord.Interaction, user: discord.User) -> None:
         if user.bot:
             raise Refused("bots never get replies anyway; there is no need to block them")
-        await servers_of(interaction).set_blocked(self.guild_id(interaction), user.id, True)
+        await services_of(interaction).set_blocked(self.guild_id(interaction), user.id, True)
         await reply(interaction, f"Blocked {user.mention}: the bot will not answer them or use their personal memories here.")
 
     @blocklist.command(name="remove", description="Unblock a member")
     @app_commands.describe(user="The member to unblock")
     async def blocklist_remove(self, interaction: discord.Interaction, user: discord.User) -> None:
-        await servers_of(interaction).set_blocked(self.guild_id(interaction), user.id, False)
+        await services_of(interaction).set_blocked(self.guild_id(interaction), user.id, False)
         await reply(interaction, f"Unblocked {user.mention}.")
 
     @blocklist.command(name="list", description="Members the bot ignores in this server")

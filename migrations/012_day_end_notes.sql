@@ -29,6 +29,25 @@ CREATE TRIGGER chat_messages_deleted_forget_notes
     AFTER DELETE ON chat_messages REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION forget_notes_of_deleted_messages();
 
+-- Messages of a private thread say so: what is said there never leaves it, so no day-end note comes from them.
+-- Messages stored before the bot knew the thread was private are marked when it learns; a note already written
+-- from one of them goes, as for a deleted message.
+ALTER TABLE chat_messages ADD COLUMN private_thread boolean NOT NULL DEFAULT false;
+
+CREATE FUNCTION forget_notes_of_private_messages() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM memories m
+    USING memory_sources s, now_private n JOIN was_public o USING (channel_id, message_id)
+    WHERE s.memory_id = m.id AND m.source = 'notes' AND n.private_thread AND NOT o.private_thread
+      AND s.channel_id = n.channel_id AND s.message_id = n.message_id;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER chat_messages_private_forget_notes
+    AFTER UPDATE ON chat_messages REFERENCING OLD TABLE AS was_public NEW TABLE AS now_private
+    FOR EACH STATEMENT EXECUTE FUNCTION forget_notes_of_private_messages();
+
 -- Whether the author had Manage Server where they wrote: a day-end note acts for the person whose words it
 -- comes from, never with more rights than they had (a correction of a server memory needs what a command
 -- edit would need).

@@ -27,7 +27,7 @@ import yarl
 from aiohttp import WSMsgType, web
 
 from bot.bot import DeskmateBot
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.services import build_services
 from tests.fakes import serve_locally
 

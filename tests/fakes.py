@@ -91,6 +91,9 @@ class FakeChatServer:
         self.max_in_flight = 0
         self._ids = itertools.count(1)
         self._closing = asyncio.Event()
+        self._gate: asyncio.Event | None = None  # while set by `hold`: requests wait for `release`
+        self._held = asyncio.Condition()
+        self.held = 0  # requests that came to the gate since the last `hold`
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -117,6 +120,23 @@ class FakeChatServer:
     def raw(self, body: str, status: int = 200) -> FakeChatServer:
         self.script.append(ScriptStep("raw", text=body, status=status))
         return self
+
+    def hold(self) -> FakeChatServer:
+        """From now on every request waits (recorded, unanswered) until `release`: a model busy for as long as a test
+        needs, to change things while work waits for its answer."""
+        self._gate = asyncio.Event()
+        self.held = 0
+        return self
+
+    def release(self) -> None:
+        if self._gate is not None:
+            self._gate.set()
+        self._gate = None
+
+    async def wait_held(self, count: int = 1) -> None:
+        """Wait (at most 30 s) until `count` requests came to the gate since the last `hold`."""
+        async with asyncio.timeout(30), self._held:
+            await self._held.wait_for(lambda: self.held >= count)
 
     # --- inspection ---
 
@@ -150,6 +170,12 @@ class FakeChatServer:
             self.summary_requests.append(body)
             return self._completion(body, {"role": "assistant", "content": plain_summary(body)}, "stop")
         self.requests.append(body)
+        gate = self._gate
+        if gate is not None:
+            async with self._held:
+                self.held += 1
+                self._held.notify_all()
+            await gate.wait()
         if self.script:
             step = self.script.popleft()
         else:

@@ -99,9 +99,10 @@ async def end_day(world: World, day: date) -> None:
     await say(world, day + timedelta(days=1), [(SAM, "good morning")])
 
 
-def day_request(server: FakeChatServer, day: date) -> str:
+def day_request(server: FakeChatServer, day: date, *, last: bool = False) -> str:
     bodies = [r["messages"][1]["content"] for r in server.requests if r["messages"][0]["content"] == DAY_INSTRUCTIONS]
-    return next(body for body in bodies if day.isoformat() in body.split("\n", 1)[0])
+    found = [body for body in bodies if day.isoformat() in body.split("\n", 1)[0]]
+    return found[-1] if last else found[0]
 
 
 async def memories(world: World) -> list[Memory]:
@@ -250,11 +251,14 @@ async def test_a_message_deleted_while_the_day_is_being_read_leaves_no_note_and_
 ) -> None:
     sent = await say(world, MONDAY, [(JUNO, "I work as a nurse at the city hospital"), (JUNO, "my cat is called Mochi")])
     answer = facts(("P1", "self", "Juno works as a nurse at the city hospital"), ("P1", "self", "Juno's cat is called Mochi"))
-    summarizer.stall(1.5, then_text=answer)
+    again = facts(("P1", "self", "Juno works as a nurse at the city hospital"), ("P1", "self", "Juno's cat is called Mochi"))
+    summarizer.stall(1.5, then_text=answer).text(again)  # the day is read again without the deleted line
     await say(world, MONDAY + timedelta(days=1), [(SAM, "good morning")], settle=False)
     await asyncio.sleep(0.5)  # the summary model is writing
     await world.services.chat.deleted(CHANNEL, [sent[0].message_id])  # Juno takes her job back meanwhile
     await world.services.summaries.settle()
+    assert "nurse" not in day_request(summarizer, MONDAY, last=True)
+    # nothing was stored from the first answer; the second one's nurse has no line of Juno's behind it any more
     assert [m.text for m in await memories(world)] == ["Juno's cat is called Mochi"]
 
     await world.services.chat.deleted(CHANNEL, [sent[1].message_id])  # and later the cat: its note goes with it
@@ -335,3 +339,24 @@ async def test_a_week_folds_the_corrected_facts(world: World, summarizer: FakeCh
     await say(world, MONDAY + timedelta(days=7), [(SAM, "a new week")])  # the week of Monday is folded
     week = next(r for r in summarizer.requests if "one week" in r["messages"][0]["content"])["messages"][1]["content"]
     assert "Juno moved to Lisbon" in week and "Juno lives in Berlin" not in week.split("\n\n", 1)[1].split('"summary"')[0]
+
+
+def every_line_a_fact(body: dict[str, Any]) -> str:
+    """A model that notes everything anyone said about themselves (the code decides what may be kept)."""
+    lines = body["messages"][1]["content"].split("\n\n", 1)[1].splitlines()
+    spoken = [re.match(r"(P\d+) \[[^\]]*\](?: \(in a thread\))? ([^:]+): (.*)", line) for line in lines]
+    return facts(*((m[1], "self", f"{m[2]}: {m[3]}") for m in spoken if m))
+
+
+async def test_nothing_said_in_a_private_thread_becomes_a_memory(world: World, summarizer: FakeChatServer) -> None:
+    summarizer.responder = every_line_a_fact
+    thread = {"channel_id": 777, "parent_channel_id": CHANNEL, "private_thread": True}
+    await say(world, MONDAY, [(JUNO, "my cat is called Mochi")])
+    await say(world, MONDAY, [(JUNO, "just between us: I am quitting my job in March")], **thread)
+    tuesday = MONDAY + timedelta(days=1)
+    await say(world, tuesday, [(JUNO, "morning!")], **thread)  # the thread's own day ends too
+    await end_day(world, MONDAY)
+    sent = [r["messages"][1]["content"] for r in summarizer.requests]
+    assert all("quitting" not in body for body in sent if "Mochi" in body)  # never in the parent's transcript
+    assert any("quitting" in body for body in sent)  # the thread's own summary has it, and only there
+    assert [m.text for m in await memories(world)] == ["Juno: my cat is called Mochi"]

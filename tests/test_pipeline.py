@@ -19,10 +19,9 @@ from bot.chat.reply import APOLOGY, TOO_LARGE, ReplyPipeline
 from bot.chat.service import ChatService
 from bot.chat.sources import TailReport
 from bot.chat.triggers import Trigger
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.models import MemoryList, Recall, Source
-from bot.memory.recall import MemoryCore
+from bot.clock import ManualClock
+from bot.memory.models import MemoryList, NewMemory, Recall, Source
+from bot.memory.service import MemoryCore
 from bot.outgoing import ZERO_WIDTH_SPACE
 from bot.prompt import TailItem
 from bot.servers.models import Privacy

@@ -14,7 +14,7 @@ import pytest
 from bot.__main__ import main
 from bot.config import Settings
 from bot.db import Database
-from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder
+from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder
 from bot.tools.smoke import EXIT_FAIL, EXIT_NO_MODEL, EXIT_PASS, NO_MODEL, has_tool_json, run_smoke
 from tests.fakes import FakeChatServer
 

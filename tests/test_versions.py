@@ -18,8 +18,8 @@ import pytest
 
 from bot.config import Settings
 from bot.console import run_console
+from bot.embeddings.providers import BuiltinEmbedder
 from bot.errors import Refusal
-from bot.memory.embeddings import BuiltinEmbedder
 from bot.memory.lists import ImportMode
 from bot.memory.manage import MemoryManager
 from bot.memory.models import Source, VersionVia

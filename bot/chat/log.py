@@ -45,8 +45,9 @@ class ChatLog:
             mention_ids=[user.id for user in message.mentions],
             created_at=message.created_at,
             names=names,
-            parent_channel_id=message.parent_channel_id,
+            parent_channel_id=None if message.private_thread else message.parent_channel_id,
             author_can_manage=message.author_can_manage,
+            private_thread=message.private_thread,
         )
 
     async def record_and_read_window(
@@ -74,6 +75,11 @@ class ChatLog:
         async with self.pool.acquire() as conn, conn.transaction():
             return sum([await self._record(conn, message) for message in messages])
 
+    async def detach_private_thread(self, thread_id: int) -> list[tuple[int, int]]:
+        """A private thread's messages stored as its parent's become its own; returns (parent, message id) of each."""
+        async with self.pool.acquire() as conn:
+            return await store.detach_private_thread(conn, thread_id)
+
     async def names(self, user_ids: Iterable[int]) -> dict[int, str]:
         async with self.pool.acquire() as conn:
             return await store.chat_user_names(conn, user_ids)
@@ -96,13 +102,15 @@ class ChatLog:
             return await store.chat_days(conn, channel_id, since, until, zone, day_start_hour)
 
     async def messages_between(self, channel_id: int, since: datetime, until: datetime) -> list[dict[str, Any]]:
-        """A channel's messages (its threads' included) in a time range, oldest first."""
+        """A channel's messages (its public threads' included) in a time range, oldest first, each with the
+        author of the message it answers (`answered_author_id`, `answered_stored`)."""
         async with self.pool.acquire() as conn:
             return [dict(row) for row in await store.messages_between(conn, channel_id, since, until)]
 
-    async def lock_messages_unchanged(self, conn: Connection, versions: Sequence[tuple[int, int, str]]) -> bool:
-        """Inside the caller's transaction: whether each (channel, message, text) still stands, rows locked till it ends."""
-        return await store.lock_messages_unchanged(conn, versions)
+    async def lock_unchanged(self, conn: Connection, versions: Sequence[tuple[int, int, str, int | None]]) -> bool:
+        """Inside the caller's transaction: whether each (channel, message, text, parent) is still stored as it was
+        read, the rows locked until the transaction ends (an edit or delete racing it waits, then sees the result)."""
+        return await store.lock_unchanged(conn, versions)
 
     async def channels_with_messages(self, since: datetime) -> list[tuple[int, int | None]]:
         """(channel, server) of every channel with messages since `since` (threads counted with their parent)."""
@@ -155,5 +163,6 @@ class ChatLog:
         ]
 
     async def forget_user(self, conn: Connection, user_id: int) -> dict[str, int]:
-        """A user's messages, name and the receipts naming them (inside the caller's transaction)."""
+        """A user's messages and the bots' replies to them, their name and the receipts naming them (inside the
+        caller's transaction)."""
         return {"chat_messages": await store.delete_user_chat_data(conn, user_id)}

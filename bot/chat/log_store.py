@@ -38,27 +38,34 @@ async def record_chat_message(
     names: Mapping[int, str] | None = None,
     parent_channel_id: int | None = None,
     author_can_manage: bool = False,
+    private_thread: bool = False,
 ) -> bool:
     """Store a message once; a second delivery (gateway resume, history backfill) changes nothing.
 
     Returns whether the message was new. The latest display names of `names` (by default the
     author's; a reply adds the people it mentions) are kept alongside, in the same statement,
     upserted in id order so two messages never wait on each other's rows in opposite orders.
+    A second delivery may only add what the first lacked: the message a bot's message answers
+    (`reply_to`), which the adapter knows for every part of a long reply while the gateway's copy of
+    the later parts has none, so delete-my-data and the summaries find every part of a reply to someone.
+    `parent_channel_id` is the channel whose summaries hold the message (None for a private thread).
     """
     given = dict(names) if names is not None else {author_id: author_name}
     ids = sorted(given)
     return bool(
         await conn.fetchval(
             "WITH message AS ("
-            f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS}, author_can_manage)"
-            "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $13, $14) ON CONFLICT (channel_id, message_id) DO NOTHING"
-            "   RETURNING 1"
+            f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS}, author_can_manage, private_thread)"
+            "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $13, $14, $15) ON CONFLICT (channel_id, message_id)"
+            "   DO UPDATE SET reply_to = EXCLUDED.reply_to"
+            "   WHERE chat_messages.reply_to IS NULL AND EXCLUDED.reply_to IS NOT NULL"
+            "   RETURNING xmax = 0 AS inserted"
             "), named AS ("
             "  INSERT INTO chat_users (user_id, name)"
             "  SELECT user_id, name FROM unnest($11::bigint[], $12::text[]) AS given (user_id, name)"
             "  ON CONFLICT (user_id) DO UPDATE SET name = EXCLUDED.name, updated_at = now()"
             "  WHERE chat_users.name <> EXCLUDED.name"
-            ") SELECT count(*) FROM message",
+            ") SELECT count(*) FROM message WHERE inserted",
             channel_id,
             message_id,
             guild_id,
@@ -73,8 +80,24 @@ async def record_chat_message(
             [given[user_id] for user_id in ids],
             parent_channel_id if parent_channel_id != channel_id else None,
             author_can_manage,
+            private_thread,
         )
     )
+
+
+async def detach_private_thread(conn: Connection, thread_id: int) -> list[tuple[int, int]]:
+    """A thread found to be private: its messages stored as its parent's (before the bot knew) become its own.
+
+    Returns (parent, message id) of each message moved, so the parent's summaries that hold them can go.
+    """
+    rows = await conn.fetch(
+        "UPDATE chat_messages m SET parent_channel_id = NULL, private_thread = true FROM chat_messages old"
+        " WHERE m.channel_id = $1 AND m.parent_channel_id IS NOT NULL"
+        "   AND old.channel_id = m.channel_id AND old.message_id = m.message_id"
+        " RETURNING old.parent_channel_id AS parent, m.message_id",
+        thread_id,
+    )
+    return [(row["parent"], row["message_id"]) for row in rows]
 
 
 async def chat_user_names(conn: Connection, user_ids: Iterable[int]) -> dict[int, str]:
@@ -116,6 +139,12 @@ async def delete_user_chat_data(conn: Connection, user_id: int) -> int:
         " OR receipt::text ~ ('(^|[^0-9])' || $1::bigint::text || '([^0-9]|$)')",
         user_id,
     )
+    # the bots' replies to them go too: they often repeat what they answer
+    replies = await conn.execute(
+        "DELETE FROM chat_messages b USING chat_messages m"
+        " WHERE m.author_id = $1 AND b.is_bot AND b.channel_id = m.channel_id AND b.reply_to = m.message_id",
+        user_id,
+    )
     status = await conn.execute("DELETE FROM chat_messages WHERE author_id = $1", user_id)
     await conn.execute("DELETE FROM chat_users WHERE user_id = $1", user_id)
     # others' messages stay (their words), but no longer record that they mentioned this user
@@ -123,7 +152,7 @@ async def delete_user_chat_data(conn: Connection, user_id: int) -> int:
         "UPDATE chat_messages SET mention_ids = array_remove(mention_ids, $1::bigint) WHERE $1::bigint = ANY (mention_ids)",
         user_id,
     )
-    return int(status.split()[-1])
+    return int(status.split()[-1]) + int(replies.split()[-1])
 
 
 async def has_chat_messages(conn: Connection, channel_id: int) -> bool:
@@ -280,11 +309,36 @@ async def chat_days(
 
 
 async def messages_between(conn: Connection, channel_id: int, since: datetime, until: datetime) -> list[asyncpg.Record]:
+    """A summary channel's messages in a time range, oldest first, each with the message it answers, if any:
+    `answered_author_id` (NULL when it answers nothing, or a message no longer stored), `answered_stored`, and
+    `answered_edited` (the answered message was edited after this one was posted)."""
     return await conn.fetch(
-        "SELECT channel_id, message_id, author_id, author_name, is_bot, text, created_at, author_can_manage FROM chat_messages"
-        f" WHERE {SUMMARY_CHANNEL} = $1 AND created_at >= $2 AND created_at < $3 ORDER BY created_at, message_id",
+        "SELECT m.channel_id, m.message_id, m.author_id, m.author_name, m.is_bot, m.text, m.created_at, m.reply_to,"
+        "       m.author_can_manage, m.private_thread,"
+        "       m.parent_channel_id, a.author_id AS answered_author_id, a.text AS answered_text,"
+        "       a.parent_channel_id AS answered_parent_id, a.message_id IS NOT NULL AS answered_stored,"
+        "       coalesce(a.edited_at > m.created_at, false) AS answered_edited"
+        " FROM chat_messages m LEFT JOIN chat_messages a ON a.channel_id = m.channel_id AND a.message_id = m.reply_to"
+        " WHERE coalesce(m.parent_channel_id, m.channel_id) = $1 AND m.created_at >= $2 AND m.created_at < $3"
+        " ORDER BY m.created_at, m.message_id",
         channel_id, since, until,
     )
+
+
+async def lock_unchanged(conn: Connection, versions: Sequence[tuple[int, int, str, int | None]]) -> bool:
+    """Whether each (channel, message, text, parent) is still stored as given; the rows stay locked (FOR SHARE)
+    until the caller's transaction ends, so an edit or delete racing it waits, then sees what was stored."""
+    if not versions:
+        return True
+    rows = await conn.fetch(
+        "SELECT m.channel_id, m.message_id, m.text, m.parent_channel_id FROM chat_messages m"
+        " JOIN unnest($1::bigint[], $2::bigint[]) AS v (channel_id, message_id)"
+        "   ON m.channel_id = v.channel_id AND m.message_id = v.message_id"
+        " ORDER BY m.channel_id, m.message_id FOR SHARE OF m",
+        [v[0] for v in versions], [v[1] for v in versions],
+    )
+    found = {(row["channel_id"], row["message_id"], row["text"], row["parent_channel_id"]) for row in rows}
+    return found == set(versions)
 
 
 async def channels_with_messages(conn: Connection, since: datetime) -> list[asyncpg.Record]:
@@ -294,17 +348,3 @@ async def channels_with_messages(conn: Connection, since: datetime) -> list[asyn
         since,
     )
 
-
-async def lock_messages_unchanged(conn: Connection, versions: Sequence[tuple[int, int, str]]) -> bool:
-    """Whether each (channel, message, text) is still stored with that text; the rows stay locked (FOR SHARE) until
-    the caller's transaction ends, so an edit or a deletion racing it waits, then finds what the caller stored."""
-    if not versions:
-        return True
-    rows = await conn.fetch(
-        "SELECT m.channel_id, m.message_id, m.text FROM chat_messages m"
-        " JOIN unnest($1::bigint[], $2::bigint[]) AS v (channel_id, message_id)"
-        "   ON m.channel_id = v.channel_id AND m.message_id = v.message_id"
-        " ORDER BY m.channel_id, m.message_id FOR SHARE OF m",
-        [v[0] for v in versions], [v[1] for v in versions],
-    )
-    return {(row["channel_id"], row["message_id"], row["text"]) for row in rows} == set(versions)

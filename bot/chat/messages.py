@@ -18,7 +18,9 @@ class IncomingMessage:
     """A channel message in plain values.
 
     `channel_id` keys the context window (a thread has its own); `parent_channel_id` is the channel
-    memory channel-limits refer to (a thread's parent). `mentions` are the users @mentioned in it.
+    memory channel-limits refer to (a thread's parent). `private_thread`: the thread is private, so what
+    is said in it never leaves it (it is summarised on its own, never with its parent, and the model saves no
+    server memory there). `mentions` are the users @mentioned in it.
     `where` is a short human description of the place for the prompt, e.g. '#general in "Juno's den"'.
     """
 
@@ -30,6 +32,7 @@ class IncomingMessage:
     created_at: datetime
     guild_id: int | None = None
     parent_channel_id: int | None = None
+    private_thread: bool = False
     is_bot: bool = False
     author_can_manage: bool = False  # the author has Manage Server here: what the model may change for them
     reply_to: int | None = None
@@ -43,3 +46,8 @@ class IncomingMessage:
     @property
     def memory_channel_id(self) -> int:
         return self.parent_channel_id or self.channel_id
+
+    @property
+    def summary_channel_id(self) -> int:
+        """The channel whose summaries hold this message: a public thread's parent, a private thread itself."""
+        return self.channel_id if self.private_thread else self.memory_channel_id

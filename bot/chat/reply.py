@@ -28,7 +28,7 @@ from bot.chat.sources import SummarySource, TailSource
 from bot.chat.tools import MemoryTools, ToolContext
 from bot.config import Settings
 from bot.memory.models import Conversation, Recall
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.outgoing import neutralize_broadcasts, neutralize_mentions, split_message
 from bot.prompt import (
     ChatLine,
@@ -266,9 +266,9 @@ class ReplyPipeline:
         if self.summaries is None:
             return []
         try:
-            return await self.summaries.for_prompt(message.memory_channel_id, message.guild_id)
+            return await self.summaries.for_prompt(message.summary_channel_id, message.guild_id)
         except Exception:
-            log.exception("Reading the summaries of channel %s failed; answering without them", message.memory_channel_id)
+            log.exception("Reading the summaries of channel %s failed; answering without them", message.summary_channel_id)
             return []
 
     async def _extra_tail(self, message: IncomingMessage, recall: Recall) -> tuple[list[TailItem], dict[str, dict[str, Any]]]:

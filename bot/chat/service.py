@@ -24,9 +24,14 @@ from bot.servers.service import Servers
 log = logging.getLogger(__name__)
 
 class DayWatch(Protocol):
-    """Told of every message, so work due once a chat day (the summaries) starts with the day's first one."""
+    """Told of every message, so work due once a chat day (the summaries) starts with the day's first one, and of
+    every message taken back, so what was derived from it goes (withdrawal wins)."""
 
     def saw(self, channel_id: int, guild_id: int | None) -> None: ...
+
+    async def purge_withdrawn(self) -> None: ...
+
+    async def withdraw_moved(self, moved: Sequence[tuple[int, int]]) -> None: ...
 
 
 OlderMessages = Callable[[int], Awaitable[Sequence[IncomingMessage]]]
@@ -47,6 +52,7 @@ class ChatService:
         self.servers = servers
         self.settings = settings
         self.day_watch = day_watch
+        self._private_threads: set[int] = set()  # private threads whose earlier messages were already made their own
 
     @property
     def bot_user_id(self) -> int | None:
@@ -68,6 +74,8 @@ class ChatService:
         """One turn: the reply to `incoming`, or None when the bot does not answer it (it is still recorded)."""
         if older is not None and incoming.author_id != self.bot_user_id and await self.chat_log.is_empty(incoming.channel_id):
             await self.backfill(older)
+        if incoming.private_thread and incoming.channel_id not in self._private_threads:
+            await self._detach_private_thread(incoming.channel_id)
         trigger = await self.trigger(incoming, mentions_bot=mentions_bot, replies_to_bot=replies_to_bot)
         if trigger is None:
             await self.chat_log.record(incoming)
@@ -79,11 +87,19 @@ class ChatService:
         self._saw(incoming)
         return outcome
 
+    async def _detach_private_thread(self, thread_id: int) -> None:
+        """Once per private thread and process: messages stored as its parent's (the bot did not know it was private)
+        become the thread's own, and the parent's summaries holding them go."""
+        moved = await self.chat_log.detach_private_thread(thread_id)
+        self._private_threads.add(thread_id)
+        if moved and self.day_watch is not None:
+            await self.day_watch.withdraw_moved(moved)
+
     def _saw(self, incoming: IncomingMessage) -> None:
         """The first message of a chat day starts the channel's summaries in the background, once it is stored
         and answered: a model server with one slot then never makes this reply wait behind a summary."""
         if self.day_watch is not None:
-            self.day_watch.saw(incoming.memory_channel_id, incoming.guild_id)
+            self.day_watch.saw(incoming.summary_channel_id, incoming.guild_id)
 
     async def backfill(self, older: OlderMessages) -> int:
         """First message the bot sees in a channel: store its recent history once, so the window is not empty."""
@@ -117,7 +133,15 @@ class ChatService:
         return await self.chat_log.record(message)
 
     async def edited(self, channel_id: int, message_id: int, text: str, edited_at: datetime) -> bool:
-        return await self.chat_log.edit(channel_id, message_id, text, edited_at)
+        """A message edited: the new text in the log; the summaries holding the old one go (written again soon)."""
+        changed = await self.chat_log.edit(channel_id, message_id, text, edited_at)
+        if changed and self.day_watch is not None:
+            await self.day_watch.purge_withdrawn()
+        return changed
 
     async def deleted(self, channel_id: int, message_ids: Sequence[int]) -> int:
-        return await self.chat_log.delete(channel_id, message_ids)
+        """Messages deleted: out of the log (their chunks with them); the summaries holding them go (written again)."""
+        count = await self.chat_log.delete(channel_id, message_ids)
+        if count and self.day_watch is not None:
+            await self.day_watch.purge_withdrawn()
+        return count

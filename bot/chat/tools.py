@@ -17,9 +17,8 @@ from bot.chat.notices import ChangeKind, MemoryChange
 from bot.config import Settings
 from bot.errors import InvalidInput
 from bot.failures import database_sentence
-from bot.memory.base import NewMemory
-from bot.memory.models import MemoryList, SaveResult, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import MemoryList, NewMemory, SaveResult, Source
+from bot.memory.service import MemoryCore
 from bot.memory.visibility import shown
 from bot.servers.models import GuildSettings
 

@@ -14,7 +14,7 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
-from bot.memory.lexical import any_word_query_cte
+from bot.lexical import any_word_query_cte
 
 
 async def channels_with_pending_history(conn: Connection, context_messages: int, limit: int) -> list[int]:
@@ -45,7 +45,9 @@ async def lock_history_rows(conn: Connection, channel_id: int, context_messages:
         " start AS (SELECT min(message_id) AS message_id FROM chat_messages"
         "           WHERE channel_id = $1 AND chunk_id IS NULL AND message_id < (SELECT message_id FROM boundary))"
         " SELECT m.message_id, m.guild_id, m.author_id, m.author_name, m.is_bot, m.text, m.created_at, m.chunk_id,"
-        "        m.message_id = (SELECT message_id FROM boundary) AS in_window"
+        "        m.message_id = (SELECT message_id FROM boundary) AS in_window,"
+        "        (SELECT a.author_id FROM chat_messages a WHERE a.channel_id = m.channel_id AND a.message_id = m.reply_to)"
+        "          AS answered_author_id"
         " FROM chat_messages m"
         " WHERE m.channel_id = $1 AND m.message_id >= (SELECT message_id FROM start)"
         "   AND m.message_id <= (SELECT message_id FROM boundary)"
@@ -106,6 +108,15 @@ WINDOW_START_CTE = """window_start AS (
     ) AS w
 )"""
 
+# Withdrawal wins (docs/memory-rules.md): a chunk that may hold the words of someone blocked in its server or with
+# privacy `full` (its authors, and whom its replies answer) is never recalled. Checked at every search, so a block
+# or a privacy level applies at once and undoing it brings the chunks back; a deletion deletes the chunk itself.
+NOT_WITHDRAWN = """NOT EXISTS (
+      SELECT 1 FROM unnest(c.author_ids) AS p (user_id)
+      WHERE EXISTS (SELECT 1 FROM user_settings us WHERE us.user_id = p.user_id AND us.privacy = 'full')
+         OR EXISTS (SELECT 1 FROM guild_blocklist b WHERE b.guild_id = c.guild_id AND b.user_id = p.user_id)
+  )"""
+
 HISTORY_SEARCH_SQL = f"""
 WITH {WINDOW_START_CTE}
 SELECT c.id, c.first_message_id, c.last_message_id, cardinality(c.message_ids) AS messages, c.started_at, c.ended_at,
@@ -114,6 +125,7 @@ FROM history_chunks c JOIN history_chunk_vectors v ON v.chunk_id = c.id AND v.sp
 WHERE c.channel_id = $1
   AND c.last_message_id < coalesce((SELECT message_id FROM window_start), $2)
   AND vector_dims(v.embedding) = vector_dims($4::vector)
+  AND {NOT_WITHDRAWN}
 ORDER BY similarity DESC, c.id
 LIMIT $6
 """
@@ -146,6 +158,7 @@ FROM history_chunks c, query q
 WHERE c.channel_id = $1
   AND c.last_message_id < coalesce((SELECT message_id FROM window_start), $2)
   AND c.terms @@ q.any_word
+  AND {NOT_WITHDRAWN}
 ORDER BY similarity DESC, c.id
 LIMIT $5
 """

@@ -18,7 +18,7 @@ from bot.errors import Refusal
 from bot.memory import store, versions_store
 from bot.memory.lists import ListRef
 from bot.memory.models import Memory, MemoryVersion, SaveResult, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 
 HISTORY_PAGE_SIZE = 5
 

@@ -17,10 +17,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.config import Settings
+from bot.embeddings.providers import EmbeddingError
 from bot.errors import Refusal
 from bot.memory import store
-from bot.memory.base import NewMemory
-from bot.memory.embeddings import EmbeddingError
 from bot.memory.history import MemoryHistory
 from bot.memory.lists import (
     ImportMode,
@@ -34,8 +33,8 @@ from bot.memory.lists import (
     SearchResult,
     VectorStatus,
 )
-from bot.memory.models import Memory, MemoryList, SaveResult, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Memory, MemoryList, NewMemory, SaveResult, Source
+from bot.memory.service import MemoryCore
 from bot.memory.transfer import EXPORT_FORMAT, EXPORT_VERSION, parse_import
 from bot.memory.visibility import normalize_tags
 from bot.tokens import count_tokens
@@ -68,11 +67,11 @@ class MemoryManager:
     # --- which list -------------------------------------------------------------------------
 
     async def server_list(self, guild_id: int) -> ListRef:
-        return ListRef(MemoryList.SERVER, await self.core.persona_id(guild_id), guild_id=guild_id)
+        return ListRef(MemoryList.SERVER, await self.core.servers.persona_id(guild_id), guild_id=guild_id)
 
     async def personal_list(self, owner_id: int, guild_id: int | None, scope: Scope = Scope.ALL) -> ListRef:
         """The owner's personal list as seen where the command runs (a DM sees the default persona)."""
-        persona = await self.core.persona_id(guild_id)
+        persona = await self.core.servers.persona_id(guild_id)
         return ListRef(MemoryList.PERSONAL, persona, guild_id=guild_id, owner_id=owner_id, scope=scope)
 
     def limit_of(self, ref: ListRef) -> int:
@@ -88,7 +87,7 @@ class MemoryManager:
 
     async def page(self, ref: ListRef, number: int, size: int = 10) -> Page:
         """Page `number` (0-based, clamped to the last page) of a list, oldest memory first."""
-        space = await self.core.space_id()
+        space = await self.core.embeddings.space_id()
         where, args = ref.filter()
         async with self.core.pool.acquire() as conn:
             total = await store.count_list(conn, where, args)
@@ -118,7 +117,7 @@ class MemoryManager:
         query = query.strip()
         if not query:
             raise Refusal("type something to search for")
-        space = await self.core.space_id()
+        space = await self.core.embeddings.space_id()
         where, args = ref.filter()
         note: str | None = None
         vector = None
@@ -126,7 +125,7 @@ class MemoryManager:
             note = "no embedding model is configured, so this is a plain text search"
         else:
             try:
-                vector = (await self.core.embedder.embed([query]))[0]
+                vector = (await self.core.embeddings.embedder.embed([query]))[0]
             except EmbeddingError as exc:
                 log.warning("Search embedding failed: %s", exc)
                 note = "the embedding model is unavailable right now, so this is a plain text search"
@@ -155,14 +154,14 @@ class MemoryManager:
         """Counts for the memory viewer. `embedding_problem` is the background embedder's last failure, if any:
         memories without a vector then count as "embedding unavailable" rather than "waiting for vector"."""
         ref = ref.widened() if ref.list == MemoryList.PERSONAL else ref
-        space = await self.core.space_id()
+        space = await self.core.embeddings.space_id()
         where, args = ref.filter()
         async with self.core.pool.acquire() as conn:
             rows = await store.list_state_rows(conn, where, args, space=space)
         dormant_after = self.settings.dormant_after_days
         decay = self.core.decay_active
         desk = [row for row in rows if not (decay and row["days_unused"] >= dormant_after)]
-        space_text = str(self.core.embedder.space) if self.core.embedder.space else "none (EMBEDDING_PROVIDER=none)"
+        space_text = str(self.core.embeddings.space) if self.core.embeddings.space else "none (EMBEDDING_PROVIDER=none)"
         without = sum(1 for row in rows if not row["has_vector"])
         unavailable_reason = "no embedding provider is configured" if space is None else embedding_problem
         return ListStats(

@@ -139,6 +139,27 @@ class MemoryVersion:
 
 
 @dataclass(frozen=True)
+class NewMemory:
+    """A save request. `guild_id` is where it happens (None = a DM); personal memories need `owner_id`.
+
+    `by_can_manage` is the adapter's answer to "does the actor have Manage Server here".
+    """
+
+    list: MemoryList
+    text: str
+    by: int
+    via: Source = Source.BOT
+    guild_id: int | None = None
+    owner_id: int | None = None
+    is_global: bool = False
+    tags: tuple[str, ...] = ()
+    channel_ids: tuple[int, ...] = ()
+    by_can_manage: bool = False
+    source_messages: tuple[tuple[int, int, int], ...] = ()
+    """Day-end notes: the (channel, message, author) the text came from; deleting one of them deletes the note."""
+
+
+@dataclass(frozen=True)
 class ScoredMemory:
     memory: Memory
     similarity: float

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from bot.memory.lexical import COMMON_ENGLISH, SPANISH_STOPWORDS
+from bot.lexical import COMMON_ENGLISH, SPANISH_STOPWORDS
 
 SHARED_WORD_BONUS = 0.15
 STEM_LENGTH = 4

@@ -17,7 +17,7 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
-from bot.memory.lexical import LexicalQuery, any_word_query_cte
+from bot.lexical import LexicalQuery, any_word_query_cte
 from bot.memory.store import MEMORY_COLUMNS
 
 # Locking and performance notes (measured by `make bench`, see BENCHMARKS.md):

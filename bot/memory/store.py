@@ -16,7 +16,6 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
-from bot.memory.embeddings import EmbeddingSpace
 from bot.memory.models import Memory, MemoryList, Source
 
 MEMORY_COLUMNS = (
@@ -39,16 +38,6 @@ def normalized_text(text: str) -> str:
 def text_hash(text: str) -> str:
     """Identifies the text a vector was computed from."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-
-
-async def space_id(conn: Connection, space: EmbeddingSpace) -> int:
-    return await conn.fetchval(
-        "INSERT INTO embedding_spaces (provider, base_url, model) VALUES ($1, $2, $3)"
-        " ON CONFLICT (provider, base_url, model) DO UPDATE SET provider = EXCLUDED.provider RETURNING id",
-        space.provider,
-        space.base_url,
-        space.model,
-    )
 
 
 async def store_vector(conn: Connection, memory_id: int, space: int, vector: np.ndarray, text: str) -> bool:
@@ -109,6 +98,10 @@ async def get_memory(conn: Connection, memory_id: int, *, for_update: bool = Fal
 
 async def all_memories(conn: Connection) -> list[Memory]:
     return [Memory.from_row(row) for row in await conn.fetch(f"SELECT {MEMORY_COLUMNS} FROM memories ORDER BY id")]
+
+
+async def count_memories(conn: Connection) -> int:
+    return await conn.fetchval("SELECT count(*) FROM memories")
 
 
 async def count_server_list(conn: Connection, guild_id: int, persona_id: int) -> int:

@@ -12,16 +12,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import asyncpg
 import numpy as np
 
+from bot.config import Settings
+from bot.embeddings.providers import EmbeddingError
+from bot.embeddings.service import Embeddings
 from bot.errors import InvalidInput
 from bot.memory import notes_store, store, versions_store
-from bot.memory.base import NewMemory, SaveCheck, _rejected
-from bot.memory.embeddings import EmbeddingError
-from bot.memory.models import Memory, Rejection, SaveResult, Source
+from bot.memory.models import Memory, NewMemory, Rejection, SaveResult, Source
 from bot.memory.relatedness import same_subject
 from bot.memory.visibility import clean_text, context_words
-from bot.memory.writes import MemoryWrites
+from bot.memory.writes import MemoryWrites, SaveCheck, _rejected
+from bot.servers.service import Servers
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,19 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / norm) if norm else 0.0
 
 
-class ModelUpdates(MemoryWrites):
+class ModelUpdates:
+    """The model's updates (applied, or saved beside the memory), and what the day-end notes read: a part of the
+    memory service that goes through `writes` for every change."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, embeddings: Embeddings, settings: Settings, servers: Servers, writes: MemoryWrites
+    ) -> None:
+        self.pool = pool
+        self.embeddings = embeddings
+        self.settings = settings
+        self.servers = servers
+        self.writes = writes
+
     async def update_by_model(
         self,
         memory_id: int,
@@ -59,11 +74,11 @@ class ModelUpdates(MemoryWrites):
             memory = await store.get_memory(conn, memory_id)
             if memory is None:
                 return _rejected(Rejection.NOT_ALLOWED, f"there is no memory #{memory_id}")
-            refusal = await self._change_refusal(conn, memory, by, via, by_can_manage, deleting=False)
+            refusal = await self.writes.change_refusal(conn, memory, by, via, by_can_manage, deleting=False)
         if refusal is not None:
             return refusal
         if await self.is_same_subject(memory, cleaned):
-            return await self.edit(
+            return await self.writes.edit(
                 memory_id, cleaned, by=by, via=via, by_can_manage=by_can_manage, reason=reason, check=check,
                 source_messages=source_messages,
             )
@@ -83,13 +98,13 @@ class ModelUpdates(MemoryWrites):
     async def is_same_subject(self, memory: Memory, new_text: str) -> bool:
         """Whether `new_text` may replace `memory`'s text as an update (by its stored vector when it has one)."""
         cosine = None
-        space = await self.space_id()
+        space = await self.embeddings.space_id()
         if space is not None:
             try:
                 async with self.pool.acquire() as conn:
                     old = await store.vector_of(conn, memory.id, space)
                 texts = [new_text] if old is not None else [new_text, memory.text]
-                vectors = await self.embedder.embed(texts)
+                vectors = await self.embeddings.embedder.embed(texts)
                 cosine = _cosine(np.asarray(old if old is not None else vectors[1]), np.asarray(vectors[0]))
             except EmbeddingError as exc:
                 log.warning("Could not embed an update to compare it with memory #%s, judging by its words: %s", memory.id, exc)
@@ -98,7 +113,7 @@ class ModelUpdates(MemoryWrites):
     async def _save_beside(
         self, memory: Memory, request: NewMemory, *, search_available: bool, check: SaveCheck | None
     ) -> SaveResult:
-        result = await self.save(request, search_available=search_available, check=check)
+        result = await self.writes.save(request, search_available=search_available, check=check)
         if result.saved is not None:
             result.kept_apart_from = memory.id
             if not result.repeated:
@@ -114,8 +129,8 @@ class ModelUpdates(MemoryWrites):
         """What a chat day of `people` in `channel_id` may correct: the memories a reply there could see (the server
         list, their personal lists; hidden ones left out, `texts` deciding tags), each with its vector or None.
         Read-only: no counter moves."""
-        space = await self.space_id()
-        persona = await self.persona_id(guild_id)
+        space = await self.embeddings.space_id()
+        persona = await self.servers.persona_id(guild_id)
         async with self.pool.acquire() as conn:
             rows = await notes_store.visible_memories(
                 conn, guild_id=guild_id, persona_id=persona, channel_id=channel_id, people=people,

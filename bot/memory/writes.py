@@ -9,17 +9,30 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
+import asyncpg
+
+from bot.clock import Clock, utc_now
+from bot.config import Settings
 from bot.db import Connection
+from bot.embeddings.service import Embeddings
 from bot.errors import InvalidInput
 from bot.memory import store, versions_store
-from bot.memory.base import MemoryBase, NewMemory, SaveCheck, _rejected
-from bot.memory.models import MODEL_SOURCES, Memory, MemoryList, Rejection, SaveResult, Source, VersionVia
+from bot.memory.decay import Decay
+from bot.memory.desk_cache import DeskCache
+from bot.memory.models import MODEL_SOURCES, Memory, MemoryList, NewMemory, Rejection, SaveResult, Source, VersionVia
 from bot.memory.visibility import clean_text, normalize_tags
 from bot.servers.models import Privacy
+from bot.servers.service import Servers
 
 log = logging.getLogger(__name__)
+
+SaveCheck = Callable[[Connection], Awaitable[str | None]]
+"""Run inside a save's (or an edit's) transaction, under the list's lock: a reason it returns refuses the change.
+
+Day-end notes pass one that re-reads, on the same connection, what the note came from (its messages, its
+speaker's privacy and block), so a withdrawal that commits while the model was writing wins."""
 
 NUMBERS = re.compile(r"\d+")
 VERSION_VIA = {Source.BOT: VersionVia.BOT, Source.COMMAND: VersionVia.COMMAND, Source.NOTES: VersionVia.NOTES}
@@ -30,7 +43,31 @@ DEFAULT_REASON = {
 }
 
 
-class MemoryWrites(MemoryBase):
+def _rejected(reason: Rejection, detail: str) -> SaveResult:
+    return SaveResult(saved=None, forgotten=[], rejected=reason, detail=detail)
+
+
+class MemoryWrites:
+    """Saves (forgetting to make room), edits and deletes, each one transaction that keeps the desk cache right."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        embeddings: Embeddings,
+        settings: Settings,
+        clock: Clock,
+        servers: Servers,
+        decay: Decay,
+        desk_cache: DeskCache,
+    ) -> None:
+        self.pool = pool
+        self.embeddings = embeddings
+        self.settings = settings
+        self.clock = clock
+        self.servers = servers
+        self.decay = decay
+        self.desk_cache = desk_cache
+
     async def _save_refusal(self, conn: Connection, request: NewMemory) -> SaveResult | None:
         """Who may save what, or None when the save may go ahead."""
         guild = await self.servers.guild_settings(request.guild_id, conn) if request.guild_id is not None else None
@@ -82,10 +119,10 @@ class MemoryWrites(MemoryBase):
         if refusal is not None:
             return refusal
 
-        persona = await self.persona_id(request.guild_id)
-        vector, _ = await self._embed_one(text)
-        space = await self.space_id()
-        now, today = self._now()
+        persona = await self.servers.persona_id(request.guild_id)
+        vector, _ = await self.embeddings.embed_one(text)
+        space = await self.embeddings.space_id()
+        now, today = utc_now(self.clock)
         dormant_after = self.settings.dormant_after_days
         async with self.pool.acquire() as conn, conn.transaction():
             if request.list == MemoryList.SERVER:
@@ -124,7 +161,7 @@ class MemoryWrites(MemoryBase):
 
             forgotten: list[Memory] = []
             if lists_to_free:
-                if not self.decay_active:
+                if not self.decay.active:
                     return _rejected(Rejection.LIST_FULL, "the list is full and memory decay is off, so nothing can be forgotten")
                 if vector is None or not search_available:
                     return _rejected(
@@ -170,7 +207,7 @@ class MemoryWrites(MemoryBase):
             if request.source_messages:
                 await store.set_memory_sources(conn, saved.id, request.source_messages)
         if vector is None and space is not None:
-            self.vectors_wanted.set()
+            self.embeddings.want_vectors()
         return SaveResult(saved=saved, forgotten=forgotten, rejected=None, detail="saved", similar=similar)
 
     def _repeats(
@@ -192,7 +229,7 @@ class MemoryWrites(MemoryBase):
 
     # --- edits and deletes ---------------------------------------------------------------------
 
-    async def _change_refusal(
+    async def change_refusal(
         self, conn: Connection, memory: Memory, by: int, via: Source, by_can_manage: bool, *, deleting: bool
     ) -> SaveResult | None:
         """Who may change or delete what. The model (`via` bot or notes) acts for the person it answers (or whose
@@ -251,12 +288,12 @@ class MemoryWrites(MemoryBase):
             memory = await store.get_memory(conn, memory_id)
             if memory is None:
                 return _rejected(Rejection.NOT_ALLOWED, f"there is no memory #{memory_id}")
-            refusal = await self._change_refusal(conn, memory, by, via, by_can_manage, deleting=False)
+            refusal = await self.change_refusal(conn, memory, by, via, by_can_manage, deleting=False)
         if refusal is not None:
             return refusal
-        vector, _ = await self._embed_one(cleaned)
-        space = await self.space_id()
-        now, today = self._now()
+        vector, _ = await self.embeddings.embed_one(cleaned)
+        space = await self.embeddings.space_id()
+        now, today = utc_now(self.clock)
         async with self.pool.acquire() as conn, conn.transaction():
             current = await store.get_memory(conn, memory_id, for_update=True)
             if current is None:
@@ -284,7 +321,7 @@ class MemoryWrites(MemoryBase):
             if vector is not None and space is not None:
                 await store.store_vector(conn, memory_id, space, vector, cleaned)  # type: ignore[arg-type]
         if vector is None and space is not None:
-            self.vectors_wanted.set()
+            self.embeddings.want_vectors()
         return SaveResult(saved=updated, forgotten=[], rejected=None, detail="edited", replaced_text=current.text)
 
     async def delete(
@@ -295,7 +332,7 @@ class MemoryWrites(MemoryBase):
             memory = await store.get_memory(conn, memory_id, for_update=True)
             if memory is None:
                 return _rejected(Rejection.NOT_ALLOWED, f"there is no memory #{memory_id}")
-            refusal = await self._change_refusal(conn, memory, by, via, by_can_manage, deleting=True)
+            refusal = await self.change_refusal(conn, memory, by, via, by_can_manage, deleting=True)
             if refusal is not None:
                 return refusal
             await store.delete_memories(conn, [memory_id])

@@ -9,7 +9,7 @@ goes through here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -129,21 +129,29 @@ class Servers:
         async with self._using(conn) as using:
             return await store.is_blocked(using, guild_id, user_id)
 
-    async def kept_out_of_summaries(self, guild_id: int | None, user_ids: Sequence[int]) -> set[int]:
-        """Of `user_ids`, those whose words no summary may carry: blocked in this server, or privacy `full`."""
+    async def left_out(
+        self, guild_id: int | None, user_ids: Sequence[int], levels: Collection[Privacy], conn: Connection | None = None
+    ) -> set[int]:
+        """Of `user_ids`, those whose words work derived from a chat may not hold: blocked in this server, or with
+        one of the privacy `levels` (summaries: `full`; day-end notes: `partial` and `full`)."""
         if not user_ids:
             return set()
-        async with self.pool.acquire() as conn:
-            return await store.blocked_or_fully_private(conn, guild_id, user_ids)
+        async with self._using(conn) as using:
+            return await store.blocked_or_private(using, guild_id, user_ids, [level.value for level in levels])
 
     async def not_to_be_noted(self, guild_id: int | None) -> list[int]:
         """Users the model may write nothing about here (privacy partial or full, or blocked in this server)."""
         async with self.pool.acquire() as conn:
             return await store.not_to_be_noted(conn, guild_id)
 
-    async def set_blocked(self, guild_id: int, user_id: int, blocked: bool) -> None:
-        async with self.pool.acquire() as conn:
-            await store.set_blocked(conn, guild_id, user_id, blocked)
+    async def lock_people(self, conn: Connection, user_ids: Sequence[int], *, shared: bool) -> None:
+        """Inside the caller's transaction: exclusive for a change of what may be kept about someone, shared for work
+        that stores what was derived from their words (docs/memory-rules.md, "Withdrawal wins")."""
+        await store.lock_people(conn, user_ids, shared=shared)
+
+    async def set_blocked(self, guild_id: int, user_id: int, blocked: bool, conn: Connection | None = None) -> None:
+        async with self._using(conn) as using:
+            await store.set_blocked(using, guild_id, user_id, blocked)
 
     async def blocklist(self, guild_id: int) -> list[tuple[int, datetime]]:
         async with self.pool.acquire() as conn:
@@ -160,9 +168,9 @@ class Servers:
         async with self._using(conn) as using:
             return await store.get_privacy(using, user_id)
 
-    async def set_privacy(self, user_id: int, level: Privacy) -> None:
-        async with self.pool.acquire() as conn:
-            await store.set_privacy(conn, user_id, level)
+    async def set_privacy(self, user_id: int, level: Privacy, conn: Connection | None = None) -> None:
+        async with self._using(conn) as using:
+            await store.set_privacy(using, user_id, level)
 
     async def export_user(self, conn: Connection, user_id: int) -> dict[str, Any]:
         """A user's settings for export-my-data (inside the caller's snapshot)."""

@@ -54,13 +54,27 @@ async def is_blocked(conn: Connection, guild_id: int, user_id: int) -> bool:
     )
 
 
-async def blocked_or_fully_private(conn: Connection, guild_id: int | None, user_ids: Sequence[int]) -> set[int]:
+async def blocked_or_private(
+    conn: Connection, guild_id: int | None, user_ids: Sequence[int], levels: Sequence[str]
+) -> set[int]:
+    """Of `user_ids`, those blocked in `guild_id` or whose privacy is one of `levels`."""
     rows = await conn.fetch(
-        "SELECT user_id FROM user_settings WHERE privacy = 'full' AND user_id = ANY ($2::bigint[])"
+        "SELECT user_id FROM user_settings WHERE privacy = ANY ($3::text[]) AND user_id = ANY ($2::bigint[])"
         " UNION SELECT user_id FROM guild_blocklist WHERE guild_id = $1 AND user_id = ANY ($2::bigint[])",
-        guild_id, list(user_ids),
+        guild_id, list(user_ids), list(levels),
     )
     return {row["user_id"] for row in rows}
+
+
+async def lock_people(conn: Connection, user_ids: Sequence[int], *, shared: bool) -> None:
+    """Transaction-level locks on people (in id order): a change of what may be kept about someone (privacy,
+    block, delete-my-data) takes theirs exclusively; work derived from their words takes it shared while it stores."""
+    function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+    await conn.execute(
+        f"SELECT {function}(hashtextextended('person:' || p.id, 0))"
+        " FROM (SELECT DISTINCT unnest($1::bigint[]) AS id ORDER BY 1) AS p",
+        list(user_ids),
+    )
 
 
 async def set_blocked(conn: Connection, guild_id: int, user_id: int, blocked: bool) -> None:

@@ -35,14 +35,14 @@ from bot.chat.log import ChatLog
 from bot.chat.notices import ChangeKind, MemoryChange, Notices, day_notes_notices
 from bot.config import Settings
 from bot.db import Connection
-from bot.memory.base import NewMemory, SaveCheck
-from bot.memory.embeddings import EmbeddingError
-from bot.memory.models import Memory, MemoryList, SaveResult, Source
-from bot.memory.recall import MemoryCore
+from bot.embeddings.providers import EmbeddingError
+from bot.memory.models import Memory, MemoryList, NewMemory, SaveResult, Source
 from bot.memory.relatedness import content_stems
-from bot.servers.models import Privacy
+from bot.memory.service import MemoryCore
+from bot.memory.writes import SaveCheck
 from bot.servers.service import Servers
 from bot.summaries import store
+from bot.summaries.withdrawal import NOTES_LEAVE_OUT, Transcript, Withdrawals
 from bot.summaries.writer import MAX_KEY_DETAILS, RawFact, Written
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ class Note:
     text: str
     replaces: Memory | None
     sources: tuple[tuple[int, int, int], ...]  # (channel, message, author)
+    private: bool = False  # said in a private thread: a key detail of that thread's own summary at most, never a memory
 
 
 @dataclass
@@ -137,6 +138,7 @@ class DayNotes:
         self.servers = servers
         self.chat_log = chat_log
         self.settings = settings
+        self.withdrawals = Withdrawals(chat_log, servers)
         self.listener: NotesListener | None = None
         self.last: dict[tuple[int, date], Checked] = {}  # the latest check of each channel-day (smoke, benchmarks)
 
@@ -204,8 +206,9 @@ class DayNotes:
                 speakers[tag] = Speaker(tag, row["author_id"], " ".join(str(row["author_name"]).split()) or tag, False, False)
             lines.append(_line(row, by_user, local_time, channel_id))
         managing = {row["author_id"] for row in rows if row.get("author_can_manage")}
+        left_out = await self.servers.left_out(guild_id, list(by_user), NOTES_LEAVE_OUT)
         for tag, speaker in list(speakers.items()):
-            notable = await self._notable(guild_id, speaker.user_id)
+            notable = speaker.user_id not in left_out
             speakers[tag] = Speaker(tag, speaker.user_id, speaker.name, speaker.user_id in managing, notable)
         day = DayText(speakers, list(rows), lines)
         opted_out = await self.servers.not_to_be_noted(guild_id)
@@ -213,11 +216,6 @@ class DayNotes:
         if remember:
             day.remembered = await self._remembered(channel_id, guild_id, day)
         return day
-
-    async def _notable(self, guild_id: int | None, user_id: int, conn: Connection | None = None) -> bool:
-        if await self.servers.privacy(user_id, conn) != Privacy.NONE:
-            return False
-        return guild_id is None or not await self.servers.is_blocked(guild_id, user_id, conn)
 
     async def _remembered(self, channel_id: int, guild_id: int | None, day: DayText) -> dict[str, Memory]:
         """The memories the day's people could see here that come closest to their lines (personal ones: to their
@@ -245,10 +243,11 @@ class DayNotes:
 
     async def _embed(self, texts: Sequence[str]) -> np.ndarray | None:
         """Unit vectors of `texts` with the memory embedder, in batches; None when it is unavailable."""
-        if self.core.embedder.space is None or not texts:
+        if self.core.embeddings.space is None or not texts:
             return None
         try:
-            parts = [await self.core.embedder.embed(list(texts[i : i + EMBED_BATCH])) for i in range(0, len(texts), EMBED_BATCH)]
+            embed = self.core.embeddings.embedder.embed
+            parts = [await embed(list(texts[i : i + EMBED_BATCH])) for i in range(0, len(texts), EMBED_BATCH)]
         except EmbeddingError as exc:
             log.warning("Day-end notes: the embedder is unavailable (%s); facts are checked by their words", exc)
             return None
@@ -262,18 +261,22 @@ class DayNotes:
         facts = list(written.facts)
         people_rows = [row for row in day.rows if not row["is_bot"]]
         line_scores = await self._line_scores(facts, people_rows, day) if facts else None
-        seen: set[str] = set()
+        seen: dict[str, int] = {}
         for index, fact in enumerate(facts):
             scores = line_scores[index] if line_scores is not None else None
             note, why = self._judge(fact, day, people_rows, scores)
-            key = " ".join(fact.text.casefold().split())
-            if note is None or key in seen:
-                checked.dropped.append((fact, why or "repeated in the same answer"))
+            if note is None:
+                checked.dropped.append((fact, why))
                 continue
-            seen.add(key)
+            key = " ".join(note.text.casefold().split())
+            if key in seen:  # the same fact twice: keep the one that says what it corrects
+                if note.replaces is not None and checked.notes[seen[key]].replaces is None:
+                    checked.notes[seen[key]] = note
+                checked.dropped.append((fact, "repeated in the same answer"))
+                continue
+            seen[key] = len(checked.notes)
             checked.notes.append(note)
-            if len(checked.key_details) < MAX_KEY_DETAILS:
-                checked.key_details.append(note.text)
+        checked.key_details = [note.text for note in checked.notes[:MAX_KEY_DETAILS]]
         return checked
 
     async def _line_scores(self, facts: list[RawFact], rows: list[dict[str, Any]], day: DayText) -> np.ndarray | None:
@@ -316,7 +319,9 @@ class DayNotes:
             return None, "not supported by the speaker's own lines"
         named = memory_list == MemoryList.SERVER or names_in(fact.text, speaker.name)
         text = fact.text if named else f"{speaker.name}: {fact.text}"
-        return Note(speaker, memory_list, text, self._replaced(fact, speaker, memory_list, day), sources), ""
+        private = any(row.get("private_thread") for row in rows if (row["channel_id"], row["message_id"]) in
+                      {(channel, message) for channel, message, _ in sources})
+        return Note(speaker, memory_list, text, self._replaced(fact, speaker, memory_list, day), sources, private), ""
 
     @staticmethod
     def _list_of(fact: RawFact, speaker: Speaker) -> MemoryList | None:
@@ -378,27 +383,32 @@ class DayNotes:
 
         Returns what changed and what a rule refused, for the day's notice."""
         changes: list[MemoryChange] = []
-        texts = {(row["channel_id"], row["message_id"]): str(row["text"]) for row in day.rows}
+        rows = {(row["channel_id"], row["message_id"]): row for row in day.rows}
         for note in notes:
-            if not note.speaker.notable or (note.memory_list == MemoryList.SERVER and guild_id is None):
+            if not note.speaker.notable or note.private or (note.memory_list == MemoryList.SERVER and guild_id is None):
                 continue
-            versions = [(channel, message, texts[(channel, message)]) for channel, message, _ in note.sources]
-            check = self._holds(note.speaker.user_id, guild_id, versions)
-            result = await self._save_one(note, guild_id=guild_id, reason=reason, check=check)
+            read = [rows[(channel, message)] for channel, message, _ in note.sources]
+            result = await self._save_one(note, guild_id=guild_id, reason=reason, check=self._holds(note, read, guild_id))
             changes += _changes_of(result, note)
         return changes
 
-    def _holds(self, user_id: int, guild_id: int | None, versions: list[tuple[int, int, str]]) -> SaveCheck:
-        """Withdrawal wins: run inside the note's save, under its list's lock. The messages it came from must still
-        stand as read (their rows stay locked until the save commits, so a deletion racing it waits, then finds the
-        note and deletes it with them), and its speaker may still be noted."""
+    def _holds(self, note: Note, read: list[dict[str, Any]], guild_id: int | None) -> SaveCheck:
+        """Withdrawal wins (`bot.summaries.withdrawal`): run inside the note's save, under its list's lock. The messages
+        it came from must still stand as read and its speaker may still be noted (privacy none, not blocked); the
+        speaker and the messages stay locked until the save commits, so a withdrawal racing it either came first
+        (nothing is saved) or waits and then finds the note (a deleted message deletes it)."""
+        speaker = note.speaker.user_id
+        transcript = Transcript(
+            channel_id=read[0]["channel_id"], guild_id=guild_id, leave_out=NOTES_LEAVE_OUT, lines=tuple(read),
+            authors=(speaker,), people=(speaker,),
+            versions=tuple((r["channel_id"], r["message_id"], r["text"], r.get("parent_channel_id")) for r in read),
+            first_message_id=None, last_message_id=None,
+        )
 
         async def still_holds(conn: Connection) -> str | None:
-            if not await self.chat_log.lock_messages_unchanged(conn, versions):
-                return "a message it came from was deleted or edited while the day was being read"
-            if not await self._notable(guild_id, user_id, conn):
-                return "its speaker's privacy or block changed while the day was being read"
-            return None
+            if await self.withdrawals.holds(conn, transcript):
+                return None
+            return "what it came from was withdrawn (a deletion, an edit, a privacy level or a block) while the day was read"
 
         return still_holds
 

@@ -118,18 +118,18 @@ class ChannelSummaries(SummaryWork):
         today = self.today()
         async with self._locks.setdefault(channel_id, asyncio.Lock()):
             if found.kind == Kind.DAY:  # a deleted or missing day is written anew like any other
-                return await self._summarise_day(channel_id, guild_id, found.period_start, today)
-            days = [
-                s for (kind, start), s in (await self._summaries_since(channel_id, found.period_start)).items()
-                if kind == Kind.DAY and start < found.period_start + timedelta(days=7) and s.status == Status.READY
-            ]
-            if not days:
-                raise NotFound(f"the days of {found.period} have no summaries to fold")
-            week = await self._write_week(channel_id, guild_id, found.period_start, days, today)
-            if week.status == Status.READY:
-                async with self.pool.acquire() as conn:
-                    await store.fold_days(conn, week.id, [s.id for s in days])
-            return week
+                written = await self._summarise_day_anew(channel_id, guild_id, found.period_start, today)
+            else:
+                days = [
+                    s for (kind, start), s in (await self._summaries_since(channel_id, found.period_start)).items()
+                    if kind == Kind.DAY and start < found.period_start + timedelta(days=7) and s.status == Status.READY
+                ]
+                if not days:
+                    raise NotFound(f"the days of {found.period} have no summaries to fold")
+                written = await self._write_week(channel_id, guild_id, found.period_start, days, today)
+        if written is None:
+            raise NotAllowed(f"messages of {found.period} were deleted or edited while it was written; try again")
+        return written
 
     async def channels_to_backfill(self, days: int) -> list[tuple[int, int | None]]:
         """Every channel with messages in the last `days` chat days (for `python -m bot summarize --backfill`)."""
@@ -144,8 +144,25 @@ class ChannelSummaries(SummaryWork):
         return {"summaries": await store.forget_guild(conn, guild_id)}
 
     async def forget_user(self, conn: Connection, user_id: int) -> dict[str, int]:
-        """Every summary built from the user's messages; their days are summarised again, without them, at the next rollover."""
+        """Every summary built from the user's messages; their days are summarised again, without them (`recheck`)."""
         return {"summaries": await store.forget_author(conn, user_id)}
+
+    async def places_of(self, conn: Connection, user_id: int) -> list[tuple[int, int | None]]:
+        """(channel, server) of every summary that may hold the user's words (to `recheck` once they are gone)."""
+        return await store.places_of_author(conn, user_id)
+
+    async def withdraw_person(self, conn: Connection, user_id: int, guild_id: int | None) -> list[tuple[int, int | None]]:
+        """A block (in `guild_id`) or privacy `full` (everywhere, guild_id None), inside the caller's transaction, which
+        locked the person: every summary that may hold their words goes; returns where, to `recheck` after commit."""
+        return await store.withdraw_person(conn, user_id, guild_id)
+
+    async def withdraw_moved(self, moved: Sequence[tuple[int, int]]) -> None:
+        """Messages (parent channel, message id) that left their parent's summaries (a thread found to be private)."""
+        if not moved:
+            return
+        async with self.pool.acquire() as conn, conn.transaction():
+            await store.mark_covering_stale(conn, moved)
+        await self.purge_withdrawn()
 
 
 def head_summary(summary: Summary) -> HeadSummary:

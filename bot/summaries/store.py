@@ -41,6 +41,15 @@ async def get_period(conn: Connection, channel_id: int, kind: Kind, start: date)
     return Summary.from_row(row) if row else None
 
 
+# A day summary one of whose messages was edited or deleted is marked stale by the database (migration 009);
+# unless an admin wrote its text, it holds withdrawn words: out of the prompt at once, and soon deleted
+# (`purge_withdrawn`), with the week folded from it.
+WITHDRAWN_DAY = "stale AND edited_by IS NULL"
+WITHDRAWN_DAYS_OF_WEEK = (
+    "SELECT 1 FROM channel_summaries d WHERE d.folded_into = w.id AND d.stale AND d.edited_by IS NULL"
+)
+
+
 async def prompt_summaries(
     conn: Connection, channel_id: int, scope_ids: Sequence[int], weeks: int, days_from: date, days_before: date
 ) -> list[Summary]:
@@ -51,10 +60,11 @@ async def prompt_summaries(
     """
     rows = await conn.fetch(
         f"WITH switch AS (SELECT coalesce(({first_switch('$5')}), true) AS enabled_here)"
-        f" (SELECT {COLUMNS} FROM channel_summaries WHERE (SELECT enabled_here FROM switch) AND channel_id = $1 AND kind = 'week'"
-        "  AND status = 'ready' ORDER BY period_start DESC LIMIT $2)"
+        f" (SELECT {COLUMNS} FROM channel_summaries w WHERE (SELECT enabled_here FROM switch) AND channel_id = $1"
+        f"  AND kind = 'week' AND status = 'ready' AND NOT EXISTS ({WITHDRAWN_DAYS_OF_WEEK}) ORDER BY period_start DESC LIMIT $2)"
         f" UNION ALL (SELECT {COLUMNS} FROM channel_summaries WHERE (SELECT enabled_here FROM switch) AND channel_id = $1"
-        "  AND kind = 'day' AND status = 'ready' AND folded_into IS NULL AND period_start >= $3 AND period_start < $4)",
+        f"  AND kind = 'day' AND status = 'ready' AND folded_into IS NULL AND NOT ({WITHDRAWN_DAY})"
+        "  AND period_start >= $3 AND period_start < $4)",
         channel_id, weeks, days_from, days_before, list(scope_ids),
     )
     found = [Summary.from_row(row) for row in rows]
@@ -162,6 +172,64 @@ async def forget_author(conn: Connection, user_id: int) -> int:
     """Every summary built from a person's messages (edited ones too: they may still quote them)."""
     status = await conn.execute("DELETE FROM channel_summaries WHERE $1::bigint = ANY (author_ids)", user_id)
     return int(status.split()[-1])
+
+
+# --- withdrawal wins (docs/memory-rules.md): what holds withdrawn words goes ---
+
+
+async def purge_withdrawn(conn: Connection) -> list[tuple[int, int | None]]:
+    """Delete the day summaries that hold an edited or deleted message (not those an admin wrote) and the weeks
+    folded from them; returns (channel, server) of each, to be written again from what is left.
+
+    Two statements: the second sees the weeks a fold that the first waited for has just committed.
+    """
+    days = await conn.fetch(
+        f"DELETE FROM channel_summaries WHERE kind = 'day' AND {WITHDRAWN_DAY} RETURNING channel_id, guild_id, folded_into"
+    )
+    weeks = [row["folded_into"] for row in days if row["folded_into"] is not None]
+    if weeks:
+        await conn.execute("DELETE FROM channel_summaries WHERE id = ANY ($1::bigint[]) AND edited_by IS NULL", weeks)
+    return sorted({(row["channel_id"], row["guild_id"]) for row in days})
+
+
+async def mark_covering_stale(conn: Connection, moved: Sequence[tuple[int, int]]) -> None:
+    """Mark stale the day summaries of `moved`'s (channel, message) pairs (messages that left those channels)."""
+    await conn.execute(
+        "UPDATE channel_summaries s SET stale = true FROM unnest($1::bigint[], $2::bigint[]) AS c (channel_id, message_id)"
+        " WHERE s.kind = 'day' AND NOT s.stale AND s.channel_id = c.channel_id"
+        "   AND c.message_id BETWEEN s.first_message_id AND s.last_message_id",
+        [pair[0] for pair in moved], [pair[1] for pair in moved],
+    )
+
+
+async def withdraw_person(conn: Connection, user_id: int, guild_id: int | None) -> list[tuple[int, int | None]]:
+    """Delete every summary that may hold a person's words (edited ones too: they may quote them), in one server or
+    (guild_id None) everywhere; returns (channel, server) of each. Weeks go with their days: a week's authors are
+    its days' authors."""
+    rows = await conn.fetch(
+        "DELETE FROM channel_summaries WHERE $1::bigint = ANY (author_ids) AND ($2::bigint IS NULL OR guild_id = $2)"
+        " RETURNING channel_id, guild_id",
+        user_id, guild_id,
+    )
+    return sorted({(row["channel_id"], row["guild_id"]) for row in rows})
+
+
+async def places_of_author(conn: Connection, user_id: int) -> list[tuple[int, int | None]]:
+    rows = await conn.fetch(
+        "SELECT DISTINCT channel_id, guild_id FROM channel_summaries WHERE $1::bigint = ANY (author_ids)", user_id
+    )
+    return sorted((row["channel_id"], row["guild_id"]) for row in rows)
+
+
+async def lock_days_unchanged(conn: Connection, days: Sequence[tuple[int, datetime]]) -> bool:
+    """Whether each (day summary, updated_at) is still stored as read and holds nothing withdrawn; the rows stay
+    locked (FOR SHARE) until the caller's transaction ends, so a withdrawal racing a week's fold waits for it."""
+    rows = await conn.fetch(
+        "SELECT id, updated_at FROM channel_summaries WHERE id = ANY ($1::bigint[])"
+        f" AND status = 'ready' AND NOT ({WITHDRAWN_DAY}) ORDER BY id FOR SHARE",
+        [day[0] for day in days],
+    )
+    return {(row["id"], row["updated_at"]) for row in rows} == set(days)
 
 
 def first_switch(scopes: str) -> str:

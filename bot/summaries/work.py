@@ -8,36 +8,41 @@ week whose days are all summarised into one week summary. A reply never waits fo
 reads what is stored. The prompt carries the last SUMMARY_WEEKS week summaries and the days since,
 in its stable head, so they change at most once a chat day.
 
-What is summarised leaves out blocked people and people with privacy `full`; delete-my-data deletes
-every summary built from a person's messages (the day is summarised again without them at the next
-rollover). An edited or deleted message makes its day stale, regenerated at the next rollover. A failed
-summary call leaves the day missing, retried at later rollovers with a growing wait (1, 2, 4, 8 days),
-while it is within SUMMARY_BACKFILL_DAYS; the messages stay stored, so nothing is lost. An edited
-summary is never overwritten.
+Withdrawal wins (`bot.summaries.withdrawal`): what is summarised leaves out blocked people, people with
+privacy `full`, the bots' replies to them and private threads; a result is stored only if nothing it was
+written from was withdrawn while the model wrote it (else it is written again from what is left). A
+withdrawal after the fact removes the summaries holding the words (`purge_withdrawn`, `withdraw_person`)
+and has them written again in the background (`recheck`). A failed summary call leaves the day missing,
+retried at later rollovers with a growing wait (1, 2, 4, 8 days), while it is within
+SUMMARY_BACKFILL_DAYS; the messages stay stored, so nothing is lost. An edited summary is never
+overwritten.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import date, timedelta
 from typing import Any
 
 import asyncpg
 
 from bot.chat.log import ChatLog
+from bot.clock import Clock
 from bot.config import Settings
-from bot.memory.clock import Clock
+from bot.db import Connection
 from bot.servers.service import Servers
 from bot.summaries import store
 from bot.summaries.models import BackfillProgress, ChatCalendar, Kind, Status, Summary, period_label
 from bot.summaries.notes import DayNotes
+from bot.summaries.withdrawal import SUMMARIES_LEAVE_OUT, Transcript, Withdrawals
 from bot.summaries.writer import SummaryFailed, SummaryWriter, Written
 
 log = logging.getLogger(__name__)
 
 MAX_WAIT_DAYS = 8
+WITHDRAWN_RETRIES = 2  # a day whose words were withdrawn while it was being written is written again at once, this often
 
 Progress = Callable[[BackfillProgress], Awaitable[None] | None]
 
@@ -62,6 +67,7 @@ class SummaryWork:
         self.servers = servers
         self.writer = writer or SummaryWriter(settings)
         self.notes = notes  # the day's transcript, its facts checked, and the day-end notes: written by the same pass
+        self.withdrawals = Withdrawals(chat_log, servers)
         self.calendar = ChatCalendar(settings.summary_timezone, settings.summary_day_start_hour)
         self._seen_day: dict[int, date] = {}
         self._locks: dict[int, asyncio.Lock] = {}
@@ -83,9 +89,24 @@ class SummaryWork:
         if not self.active or self._seen_day.get(channel_id) == today:
             return
         self._seen_day[channel_id] = today
-        task = asyncio.get_running_loop().create_task(self._catch_up_quietly(channel_id, guild_id))
+        self._start(self._catch_up_quietly(channel_id, guild_id))
+
+    def recheck(self, places: Sequence[tuple[int, int | None]]) -> None:
+        """Summaries of these (channel, server) were withdrawn: write them again from what is left, in the background."""
+        for channel_id, guild_id in places:
+            if self.active:
+                self._start(self._catch_up_quietly(channel_id, guild_id))
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def purge_withdrawn(self) -> None:
+        """After messages were edited or deleted: the summaries holding them go now, and are written again soon."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            places = await store.purge_withdrawn(conn)
+        self.recheck(places)
 
     async def settle(self) -> None:
         """Wait for the background catch-ups started so far (tests, and shutdown)."""
@@ -101,7 +122,7 @@ class SummaryWork:
     async def _catch_up_quietly(self, channel_id: int, guild_id: int | None) -> None:
         try:
             progress = await self.catch_up(channel_id, guild_id)
-        except (OSError, asyncpg.PostgresError) as exc:
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:  # InterfaceError: the pool is closing
             log.warning("Summaries of channel %s could not be brought up to date, retried on a later day: %s", channel_id, exc)
             self._seen_day.pop(channel_id, None)
             return
@@ -139,9 +160,13 @@ class SummaryWork:
                 if stop is not None and stop.is_set():
                     state.stopped = True
                     break
-                written = await self._summarise_day(channel_id, guild_id, day, today)
-                known[(Kind.DAY, day)] = written
+                written = await self._summarise_day_anew(channel_id, guild_id, day, today)
                 state.days_done += 1
+                if written is None:
+                    state.failed.append(f"{period_label(Kind.DAY, day)}: its messages kept changing while it was written")
+                    await _report(progress, state)
+                    continue
+                known[(Kind.DAY, day)] = written
                 if written.status == Status.MISSING:
                     state.failed.append(f"{written.period}: {written.last_error}")
                 elif written.status == Status.READY:
@@ -162,23 +187,31 @@ class SummaryWork:
             return retry_now or found.retry_on is None or found.retry_on <= today
         return found.stale
 
-    async def _summarise_day(self, channel_id: int, guild_id: int | None, day: date, today: date) -> Summary:
+    async def _summarise_day_anew(self, channel_id: int, guild_id: int | None, day: date, today: date) -> Summary | None:
+        """`_summarise_day`, again from what is left when something was withdrawn meanwhile (a few times at most)."""
+        for _ in range(WITHDRAWN_RETRIES + 1):
+            written = await self._summarise_day(channel_id, guild_id, day, today)
+            if written is not None:
+                return written
+            log.info("The summary of %s in channel %s was withdrawn while written; writing it again",
+                     period_label(Kind.DAY, day), channel_id)
+        return None
+
+    async def _summarise_day(self, channel_id: int, guild_id: int | None, day: date, today: date) -> Summary | None:
+        """Write and store one chat day's summary; None (nothing stored) when something it was written from was
+        withdrawn while the model wrote it."""
         since, until = self.calendar.bounds(day)
-        messages = await self.chat_log.messages_between(channel_id, since, until)
-        people = sorted({m["author_id"] for m in messages if not m["is_bot"]})
-        left_out = await self.servers.kept_out_of_summaries(guild_id, people)
-        kept = [m for m in messages if m["author_id"] not in left_out]
-        authors = sorted({m["author_id"] for m in kept if not m["is_bot"]})
+        transcript = await self.withdrawals.read(channel_id, guild_id, since, until, SUMMARIES_LEAVE_OUT)
         common = {
             "channel_id": channel_id, "guild_id": guild_id, "kind": Kind.DAY, "start": day,
-            "first_message_id": min((m["message_id"] for m in messages), default=None),
-            "last_message_id": max((m["message_id"] for m in messages), default=None),
-            "at": self.clock.now(),
+            "first_message_id": transcript.first_message_id, "last_message_id": transcript.last_message_id,
         }
-        if not authors:  # nobody left whose words may be summarised (the bot alone would retell them)
-            return await self._save(**common, status=Status.EMPTY, summary="", key_details=(), author_ids=(), message_count=0)
+        if not transcript.authors:  # nobody left whose words may be summarised (the bot alone would retell them)
+            return await self._save(
+                None, **common, status=Status.EMPTY, summary="", key_details=(), author_ids=(), message_count=0
+            )
         notes_due = await self.notes.due(channel_id, guild_id, day)
-        text = await self.notes.read(channel_id, guild_id, kept, self.calendar.local_time, remember=notes_due)
+        text = await self.notes.read(channel_id, guild_id, transcript.lines, self.calendar.local_time, remember=notes_due)
         label = period_label(Kind.DAY, day)
         try:
             written = await self.writer.day(f"Chat of {label}", text.lines, text.preamble)
@@ -186,10 +219,10 @@ class SummaryWork:
             return await self._failed(channel_id, guild_id, Kind.DAY, day, today, str(exc))
         checked = await self.notes.check(written, text)  # key details follow the notes' rules
         saved = await self._save(
-            **common, status=Status.READY, summary=written.summary, key_details=checked.key_details,
-            author_ids=authors, message_count=len(kept),
+            transcript, **common, status=Status.READY, summary=written.summary, key_details=checked.key_details,
+            author_ids=transcript.people, message_count=len(transcript.lines),
         )
-        if notes_due:
+        if saved is not None and notes_due:
             await self.notes.write(channel_id, guild_id, day, label, checked, text, self.clock.now())
         return saved
 
@@ -220,16 +253,22 @@ class SummaryWork:
             if week is not None and week.status == Status.MISSING and not self._needs_summary(week, today, retry_now):
                 continue
             if week is None or (not week.edited and week.status != Status.DELETED):
-                week = await self._write_week(channel_id, guild_id, monday, ready, today)
-            if week.status != Status.MISSING:
-                async with self.pool.acquire() as conn:
+                written = await self._write_week(channel_id, guild_id, monday, ready, today)
+                if written is not None and written.status != Status.MISSING:
+                    folded += 1
+                continue
+            async with self.pool.acquire() as conn, conn.transaction():  # kept by hand: its days are folded into it
+                if await self._days_hold(conn, ready):
                     await store.fold_days(conn, week.id, [s.id for s in ready])
-                folded += 1
+                    folded += 1
         return folded
 
     async def _write_week(
         self, channel_id: int, guild_id: int | None, monday: date, days: Sequence[Summary], today: date
-    ) -> Summary:
+    ) -> Summary | None:
+        """Write a week from its day summaries (each day's facts as they stand now, after the week's corrections),
+        then store it and fold the days into it in one transaction, if none of them was withdrawn meanwhile (None:
+        nothing stored, the week is written at a later catch-up)."""
         authors = sorted({author for s in days for author in s.author_ids})
         now = await self.notes.core.current_texts([d for s in days for d in s.key_details], guild_id, authors)
         facts = {s.id: tuple(dict.fromkeys(now.get(d, d) for d in s.key_details)) for s in days}
@@ -240,15 +279,31 @@ class SummaryWork:
         except SummaryFailed as exc:
             return await self._failed(channel_id, guild_id, Kind.WEEK, monday, today, str(exc))
         details = await self.notes.week_details(written.key_details, [d for found in facts.values() for d in found])
-        return await self._save(
-            channel_id=channel_id, guild_id=guild_id, kind=Kind.WEEK, start=monday, status=Status.READY,
-            summary=written.summary, key_details=details, author_ids=authors,
-            first_message_id=None, last_message_id=None, message_count=sum(s.message_count for s in days), at=self.clock.now(),
-        )
+        async with self.pool.acquire() as conn, conn.transaction():
+            if not await self._days_hold(conn, days):
+                log.info("A day of %s in channel %s was withdrawn while its week was written", period_label(Kind.WEEK, monday),
+                         channel_id)
+                return None
+            week = await store.save_written(
+                conn, model=self.writer.model or None, channel_id=channel_id, guild_id=guild_id, kind=Kind.WEEK,
+                start=monday, status=Status.READY, summary=written.summary, key_details=details,
+                author_ids=authors, first_message_id=None,
+                last_message_id=None, message_count=sum(s.message_count for s in days), at=self.clock.now(),
+            )
+            await store.fold_days(conn, week.id, [s.id for s in days])
+            return week
 
-    async def _save(self, **values: Any) -> Summary:
-        async with self.pool.acquire() as conn:
-            return await store.save_written(conn, model=self.writer.model or None, **values)
+    async def _days_hold(self, conn: Connection, days: Sequence[Summary]) -> bool:
+        """Withdrawal wins for a week: its days are still stored as read, nothing in them withdrawn (locked until commit)."""
+        await self.servers.lock_people(conn, sorted({author for s in days for author in s.author_ids}), shared=True)
+        return await store.lock_days_unchanged(conn, [(s.id, s.updated_at) for s in days])
+
+    async def _save(self, transcript: Transcript | None, **values: Any) -> Summary | None:
+        """Store a day's summary, unless something of `transcript` was withdrawn since it was read (None)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            if transcript is not None and not await self.withdrawals.holds(conn, transcript):
+                return None
+            return await store.save_written(conn, model=self.writer.model or None, at=self.clock.now(), **values)
 
     async def _failed(self, channel_id: int, guild_id: int | None, kind: Kind, start: date, today: date, error: str) -> Summary:
         async with self.pool.acquire() as conn:

@@ -333,7 +333,7 @@ def run_cli(path: str | Path | None, settings: Settings, out: TextIO | None = No
     Returns the exit status: 0, or 2 with one `error:` line on stderr when the file is unusable or
     the embedder is unavailable (a calibration run must never end in a traceback).
     """
-    from bot.memory.embeddings import EmbeddingError, create_embedder
+    from bot.embeddings.providers import EmbeddingError, create_embedder
 
     out = out or sys.stdout
     err = err or sys.stderr

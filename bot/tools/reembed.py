@@ -15,7 +15,7 @@ import time
 from typing import TextIO
 
 from bot.config import Settings
-from bot.memory.embeddings import create_embedder
+from bot.embeddings.providers import create_embedder
 from bot.services import open_services
 from bot.upkeep import RebuildProgress
 

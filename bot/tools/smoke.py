@@ -25,10 +25,10 @@ from bot.chat.messages import IncomingMessage
 from bot.chat.model import chat_configured
 from bot.chat.receipts import ReplyStatus
 from bot.chat.tools import ToolContext
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import Database, throwaway_database
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import Embedder
+from bot.embeddings.providers import Embedder
 from bot.memory.models import MemoryList
 from bot.services import Services, open_services
 
