@@ -25,19 +25,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import time
 import unicodedata
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import web
 
+from bench.e2e_proxy import ModelProxy
 from bot.chat.messages import IncomingMessage
 from bot.chat.receipts import ReplyStatus
 from bot.clock import ManualClock
@@ -49,6 +49,7 @@ from bot.summaries.writer import COMBINE_INSTRUCTIONS, DAY_INSTRUCTIONS, WEEK_IN
 
 DATA = Path(__file__).resolve().parent / "data" / "notes_conversations.json"
 RESULTS = Path(__file__).resolve().parent / "notes_results.json"
+RECORDINGS = Path(__file__).resolve().parent / "notes_recordings"  # every model call of a run (resumable; not committed)
 PATHS = {"tools": "tools", "notes": "daily", "both": "both"}
 BOT_USER_ID = 2
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)  # a Monday
@@ -148,52 +149,21 @@ def _kept(memories: Sequence[Kept], fact: dict[str, Any]) -> bool:
     return any(_in_place(m, fact["who"]) and matches(m.text, fact["keys"]) for m in memories)
 
 
-# --- the model's calls, counted by a recording proxy ---------------------------------------------------------
+# --- the model's calls: through the end-to-end benchmark's recording proxy ------------------------------------
 
 SUMMARY_PROMPTS = (DAY_INSTRUCTIONS, COMBINE_INSTRUCTIONS, WEEK_INSTRUCTIONS)
 
 
-@dataclass
-class Usage:
-    calls: dict[str, int] = field(default_factory=lambda: {"reply": 0, "summary": 0})
-    prompt_tokens: dict[str, int] = field(default_factory=lambda: {"reply": 0, "summary": 0})
-    completion_tokens: dict[str, int] = field(default_factory=lambda: {"reply": 0, "summary": 0})
-    seconds: dict[str, float] = field(default_factory=lambda: {"reply": 0.0, "summary": 0.0})
+class NotesProxy(ModelProxy):
+    """`bench.e2e_proxy.ModelProxy` (temperature 0, a fixed seed, every call recorded, a run resumed from its
+    recording), counting replies and the summary pass apart: each request is filed by its system prompt."""
 
-
-@contextlib.asynccontextmanager
-async def recording_proxy(upstream: str, usage: Usage) -> AsyncIterator[str]:
-    """A local endpoint that forwards chat completions to `upstream` and counts calls and tokens, by kind."""
-    session = ClientSession(timeout=ClientTimeout(total=1800))
-
-    async def forward(request: web.Request) -> web.Response:
+    async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
         first = str((body.get("messages") or [{}])[0].get("content") or "")
-        kind = "summary" if first in SUMMARY_PROMPTS else "reply"
-        started = time.monotonic()
-        async with session.post(f"{upstream.rstrip('/')}/chat/completions", json=body) as answer:
-            raw = await answer.read()
-            status = answer.status
-        usage.seconds[kind] += time.monotonic() - started
-        usage.calls[kind] += 1
-        with contextlib.suppress(ValueError, AttributeError):
-            counted = json.loads(raw).get("usage") or {}
-            usage.prompt_tokens[kind] += int(counted.get("prompt_tokens") or 0)
-            usage.completion_tokens[kind] += int(counted.get("completion_tokens") or 0)
-        return web.Response(body=raw, status=status, content_type="application/json")
-
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/v1/chat/completions", forward)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        await runner.cleanup()
-        await session.close()
+        self.phase = "summary" if first in SUMMARY_PROMPTS else "reply"
+        status, answer = await self._call(self.prepare(body))
+        return web.json_response(answer, status=status)
 
 
 # --- playing a conversation ----------------------------------------------------------------------------------
@@ -263,13 +233,15 @@ class Player:
         return kept
 
 
-async def run_path(settings: Settings, conversations: list[dict[str, Any]], path: str, say: Any = print) -> dict[str, Any]:
-    """Every conversation through one path (tools / notes / both) with the configured model; figures and memories."""
-    usage = Usage()
+async def run_path(
+    settings: Settings, conversations: list[dict[str, Any]], path: str, recording: Path | None, say: Any = print
+) -> dict[str, Any]:
+    """Every conversation through one path (tools / notes / both) with the configured model; figures and memories.
+    `recording` keeps every call, so an interrupted run resumes where it stopped."""
     started = time.monotonic()
-    async with recording_proxy(settings.chat_base_url, usage) as proxy:
+    async with NotesProxy(settings.chat_base_url, settings.chat_api_key, settings.chat_model, recording) as proxy:
         configured = settings.with_overrides(
-            chat_base_url=proxy, summary_base_url=proxy, memory_notes=PATHS[path],
+            chat_base_url=proxy.url, summary_base_url=proxy.url, memory_notes=PATHS[path],
             chat_timeout_s=max(settings.chat_timeout_s, 600.0), summary_timeout_s=max(settings.summary_timeout_s, 900.0),
         )
         async with throwaway_database(configured, "notes benchmark") as database:
@@ -285,24 +257,25 @@ async def run_path(settings: Settings, conversations: list[dict[str, Any]], path
                     left[conversation["name"]] = [f"[{m.list}{':' + m.who if m.who else ''}] {m.text}" for m in final]
                     say(f"  {path} · {conversation['name']}: {found.kept}/{found.facts} kept, {found.wrong_person} wrong "
                         f"person, {found.contradictions} contradictions, {found.duplicates} duplicates")
-    return _figures(path, total, usage, chat_days, time.monotonic() - started, left)
+    return _figures(path, total, proxy.totals(), chat_days, time.monotonic() - started, left)
 
 
-def _figures(path: str, total: Score, usage: Usage, chat_days: int, seconds: float, left: dict[str, list[str]]) -> dict[str, Any]:
-    calls = sum(usage.calls.values())
-    tokens = sum(usage.prompt_tokens.values()) + sum(usage.completion_tokens.values())
+def _figures(
+    path: str, total: Score, usage: dict[str, dict[str, Any]], chat_days: int, seconds: float, left: dict[str, list[str]]
+) -> dict[str, Any]:
+    empty = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "model_seconds": 0.0}
+    reply, summary = usage.get("reply", empty), usage.get("summary", empty)
+    days = max(chat_days, 1)
     return {
         "path": path, "facts": total.facts, "kept": total.kept, "kept_share": round(total.kept / max(total.facts, 1), 3),
         "wrong_person": total.wrong_person, "claims_saved": total.claims_saved, "duplicates": total.duplicates,
         "corrections": total.corrections, "contradictions": total.contradictions, "lost_to_update": total.lost_to_update,
         "memories": total.memories, "chat_days": chat_days,
-        "calls_per_day": round(calls / max(chat_days, 1), 2),
-        "summary_calls_per_day": round(usage.calls["summary"] / max(chat_days, 1), 2),
-        "tokens_per_day": round(tokens / max(chat_days, 1)),
-        "summary_tokens_per_day": round(
-            (usage.prompt_tokens["summary"] + usage.completion_tokens["summary"]) / max(chat_days, 1)
-        ),
-        "model_seconds": {kind: round(value) for kind, value in usage.seconds.items()},
+        "reply_calls_per_day": round(reply["calls"] / days, 2),
+        "summary_calls_per_day": round(summary["calls"] / days, 2),
+        "reply_tokens_per_day": round((reply["prompt_tokens"] + reply["completion_tokens"]) / days),
+        "summary_tokens_per_day": round((summary["prompt_tokens"] + summary["completion_tokens"]) / days),
+        "model_seconds": {"reply": round(reply["model_seconds"]), "summary": round(summary["model_seconds"])},
         "wall_seconds": round(seconds), "details": total.details, "memories_left": left,
     }
 
@@ -319,7 +292,9 @@ async def main(args: argparse.Namespace) -> int:
     results = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.is_file() else {}
     for path in args.paths.split(","):
         print(f"{args.label}: path {path}", flush=True)
-        figures = await run_path(settings, conversations, path, lambda line: print(line, flush=True))
+        recording = RECORDINGS / f"{args.label}-{path}.jsonl"
+        recording.parent.mkdir(parents=True, exist_ok=True)
+        figures = await run_path(settings, conversations, path, recording, lambda line: print(line, flush=True))
         figures["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         results.setdefault(args.label, {})[path] = figures
         RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
