@@ -1,4 +1,4 @@
-"""Command line: `python -m bot [run|console|simulate FILE|check|reembed|summarize --backfill|smoke|calibrate|commands]`.
+"""Command line: `python -m bot [run|console|simulate FILE|check|reembed|summarize --backfill|smoke|calibrate|commands|config]`.
 
 Every failure a user can cause (bad settings, an unreachable database, a broken scenario file)
 ends with one clear sentence on stderr and a non-zero exit status, never a traceback.
@@ -59,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--file", help="labelled pairs (JSON Lines) [default: tests/data/calibration.jsonl]")
     tree = commands.add_parser("commands", help="print the slash-command tree as JSON (no connection needed)")
     tree.add_argument("--markdown", action="store_true", help="print the command reference (docs/commands.md) instead")
+    config = commands.add_parser("config", help="print the settings in effect, secrets masked")
+    config.add_argument("--markdown", action="store_true", help="print the settings reference (docs/configuration.md) instead")
     return parser
 
 
@@ -74,6 +76,21 @@ def _commands(as_markdown: bool) -> int:
 
     tree = asyncio.run(command_tree())
     print(markdown(tree) if as_markdown else json.dumps(tree, ensure_ascii=False, indent=2))
+    return 0
+
+
+def _config(as_markdown: bool) -> int:
+    """The settings reference (from the code alone), or the values this process would run with."""
+    from bot.tools import config_doc
+
+    if as_markdown:
+        print(config_doc.markdown())
+        return 0
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        return _fail(f"invalid setting: {exc}")
+    print(config_doc.in_effect(settings))
     return 0
 
 
@@ -108,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "commands":
         return _commands(args.markdown)
+    if args.command == "config":
+        return _config(args.markdown)
     try:
         settings = load_settings()
     except ConfigError as exc:
