@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, unquote_plus
+from urllib.parse import quote, unquote, unquote_plus
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dotenv import dotenv_values
@@ -192,6 +192,21 @@ def url_secrets(url: str) -> list[str]:
     return [text for value in found for text in {value, unquote(value), unquote_plus(value)} if text]
 
 
+def with_password(url: str, password: str) -> str:
+    """DATABASE_URL with DATABASE_PASSWORD put in, URL-encoded: a password written as is, whatever its characters
+    (`@`, `/`, `:`, `#`, `%` would each break or change a URL they were pasted into). Empty: the URL unchanged."""
+    if not password:
+        return url
+    parts = _url_parts(url)
+    assert parts is not None  # checked by _check_database_url
+    scheme, userinfo, rest, query = parts
+    user, _, written = userinfo.partition(":")
+    if written:
+        raise ConfigError("DATABASE_PASSWORD is set but DATABASE_URL has a password too; keep one of them")
+    encoded = f"{scheme}{user}:{quote(password, safe='')}@{rest}"
+    return f"{encoded}?{query}" if query or "?" in url else encoded
+
+
 def redact_url(url: str) -> str:
     """The URL with every secret masked: the password of `user:secret@` and secret query parameters
     (`?password=`, `sslpassword=`, `passfile=`, `api_key=`, `key=`, `token=`, `secret=`, in any case)."""
@@ -324,6 +339,9 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
     database_url = _text(merged, "DATABASE_URL", "") or None
     if database_url:
         _check_database_url(database_url)
+        database_url = with_password(database_url, merged.get("DATABASE_PASSWORD", ""))
+    elif merged.get("DATABASE_PASSWORD"):
+        raise ConfigError("DATABASE_PASSWORD is set but DATABASE_URL is not: the embedded database needs no password")
 
     return _check_shards(_check_chat_budgets(Settings(
         database_url=database_url,

@@ -169,8 +169,10 @@ SECTIONS: tuple[Section, ...] = (
         {
             "DATABASE_URL": "PostgreSQL with pgvector, e.g. `postgresql://deskmate:secret@db:5432/deskmate`. "
             "Unset: the embedded PostgreSQL under `DATA_DIR`.",
+            "DATABASE_PASSWORD": "The password for a `DATABASE_URL` that holds none, written as is: any characters, "
+            "no URL-encoding (secret).",
             "DATA_DIR": "Where the embedded PostgreSQL (`DATA_DIR/postgres`), the console's state and log, and the "
-            "heartbeat live.",
+            "heartbeat live. The Docker image sets `/data`, its volume.",
             "PG_STATEMENT_CACHE": "`false` behind PgBouncer in transaction mode, where asyncpg's prepared statements "
             "cannot work.",
             "LOG_LEVEL": "How much the bot logs.",

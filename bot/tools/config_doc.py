@@ -9,10 +9,12 @@ without `--markdown` prints the values in effect instead, secrets masked.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from bot import config
 from bot.config import ConfigError, Settings, load_settings
 from bot.config_help import ACCEPTS, SECTIONS, SHOWN_DEFAULTS
 
@@ -28,9 +30,15 @@ is checked at start-up, and a bad one stops the bot with one sentence naming the
 accepts. `python -m bot config` prints the values in effect, secrets masked."""
 
 
+READ = re.compile(r'merged(?:, |\.get\()"([A-Z][A-Z0-9_]*)"')
+
+
 def setting_names() -> list[str]:
-    """Every variable the loader reads, as people write it (the fields of `Settings`, upper case)."""
-    return [field.name.upper() for field in dataclasses.fields(Settings)]
+    """Every variable the loader reads, as people write it: the fields of `Settings` in upper case, then the
+    few it reads only to fold into another (`DATABASE_PASSWORD` goes into the URL)."""
+    fields = [field.name.upper() for field in dataclasses.fields(Settings)]
+    folded = dict.fromkeys(name for name in READ.findall(inspect.getsource(config)) if name not in fields)
+    return fields + list(folded)
 
 
 def described_names() -> list[str]:
@@ -53,7 +61,7 @@ def shown_value(value: object) -> str:
 
 
 def default_of(name: str, defaults: Settings) -> str:
-    return SHOWN_DEFAULTS.get(name) or shown_value(getattr(defaults, name.lower()))
+    return SHOWN_DEFAULTS.get(name) or shown_value(getattr(defaults, name.lower(), None))
 
 
 def _number(text: str) -> str:
@@ -108,11 +116,11 @@ def markdown() -> str:
 
 
 def in_effect(settings: Settings) -> str:
-    """`NAME=value` for every setting, as this process sees it, secrets masked."""
+    """`NAME=value` for every field of `Settings`, as this process sees it, secrets masked."""
     shown = settings.redacted()
     lines = []
-    for name in setting_names():
-        value = shown[name.lower()]
+    for field in dataclasses.fields(Settings):
+        name, value = field.name.upper(), shown[field.name]
         if value is None:
             value = ""
         elif isinstance(value, bool):

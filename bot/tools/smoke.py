@@ -10,7 +10,6 @@ It ends with the stored memories and a one-line verdict (exit 0 on PASS, 1 on FA
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from bot import shutdown
 from bot.chat.messages import IncomingMessage
 from bot.chat.model import chat_configured
 from bot.chat.receipts import ReplyStatus
@@ -302,4 +302,4 @@ def run_cli(settings: Settings) -> int:
     def emit(line: str) -> None:
         print(line, flush=True)
 
-    return asyncio.run(run_smoke(settings, emit))
+    return shutdown.run(run_smoke(settings, emit))
