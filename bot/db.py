@@ -218,7 +218,7 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10, statem
 
     Released connections are not sent asyncpg's default reset (`SELECT pg_advisory_unlock_all();
     CLOSE ALL; UNLISTEN *; RESET ALL`): that is one more round trip after every pooled statement,
-    about a tenth of a millisecond on every reply's search (BENCHMARKS.md, section 1). With a
+    about a tenth of a millisecond on every reply's search (docs/benchmarks.md, section 1). With a
     `reset` callback asyncpg still rolls back a transaction left open and drops client-side
     listeners; the rest would undo session state, and pooled connections never create any:
     settings are transaction-local (`set_config(..., true)`, `SET LOCAL`), advisory locks are

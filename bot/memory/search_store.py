@@ -20,7 +20,7 @@ from bot.db import Connection
 from bot.lexical import LexicalQuery, any_word_query_cte
 from bot.memory.store import MEMORY_COLUMNS
 
-# Locking and performance notes (measured by `make bench`, see BENCHMARKS.md):
+# Locking and performance notes (measured by `make bench`, see docs/benchmarks.md):
 # - Resets and agings are one UPDATE over `locked`, which takes the row locks in id order first.
 #   Two replies in one server (or sharing a participant) change overlapping rows; with the locks
 #   taken in whatever order each plan visits rows they deadlocked: 32 of 300 concurrent
