@@ -15,7 +15,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 run: $(STAMP)
 	$(PY) -m bot
 
-# A real chat model's four-turn check (README "Trying a real model"): needs CHAT_BASE_URL and CHAT_MODEL.
+# A real chat model's four-turn check (docs/models.md): needs CHAT_BASE_URL and CHAT_MODEL.
 smoke: $(STAMP)
 	$(PY) -m bot smoke
 

@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("run", help="start the bot (the console chat when DISCORD_TOKEN is not set) [default]")
     commands.add_parser("console", help="chat with the bot in this terminal")
     simulate = commands.add_parser("simulate", help="replay a JSONL scenario through the memory core")
-    simulate.add_argument("file", help="scenario file (JSON Lines, see shared/scenarios/FORMAT.md or the README)")
+    simulate.add_argument("file", help="scenario file (JSON Lines, see docs/scenarios.md)")
     commands.add_parser("check", help="verify limits and counters of every stored memory (exit 1 on problems)")
     commands.add_parser("reembed", help="embed every memory, chat chunk and document passage with the current model (resumable)")
     summarize = commands.add_parser("summarize", help="write the missing channel summaries now (resumable)")

@@ -52,7 +52,7 @@ EMBEDDED_START_S = 120  # how long a slow start of the embedded server is waited
 class EmbeddedServer:
     """A handle on the embedded PostgreSQL server that lives under DATA_DIR/postgres.
 
-    Several processes may share it (README, "Scaling out"). pgserver keeps the PIDs of the processes
+    Several processes may share it (docs/operations.md, "Scaling out"). pgserver keeps the PIDs of the processes
     using the server in `.handle_pids.json` and the last one to leave stops it. Starting and stopping
     go through one file lock in DATA_DIR, so two processes starting on a fresh DATA_DIR do not both run
     initdb or pg_ctl, and a process that is stopping the server does not pull it from under one that

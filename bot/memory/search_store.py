@@ -152,7 +152,7 @@ changed AS (
     WHERE m.id = l.id AND (u.id IS NOT NULL OR m.last_aged_on < $11)
     -- the new row version, for the desk cache: what changed and the new stamp, with the stamp of
     -- the version updated (locked above). Plain RETURNING (new values), not PostgreSQL 18's
-    -- old./new.: any PostgreSQL 13+ must work (README)
+    -- old./new.: any PostgreSQL 13+ must work (docs/operations.md)
     RETURNING m.id, l.stamp AS old_stamp, m.xmin::text::bigint AS next_stamp,
               m.days_unused, m.last_used_at, m.last_aged_on, m.desk_changed_on
 ),
