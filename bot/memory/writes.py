@@ -215,7 +215,7 @@ class MemoryWrites:
     ) -> bool:
         """A save repeats a memory of its list with the same reach (Global or not, channels, tags) when the text is
         the same after normalisation (no embedding needed), or the cosine reaches DUPLICATE_SIMILARITY (calibrated
-        on the built-in model: README)."""
+        on the built-in model: docs/models.md, "Duplicates")."""
         same_reach = (
             memory.is_global == request.is_global
             and tuple(memory.channel_ids) == tuple(request.channel_ids)
