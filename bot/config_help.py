@@ -71,9 +71,8 @@ SECTIONS: tuple[Section, ...] = (
             "calls are refused with a reason the model reads.",
             "DUPLICATE_SIMILARITY": "A save whose text is the same as a memory of its list, or whose cosine "
             "similarity to it reaches this, stores nothing new. `1.01`: exact text only.",
-            "UPDATE_MIN_SIMILARITY": "The model's update of a memory (and a day-end correction) is applied only "
-            "when the new text is about the same subject: cosine similarity, plus 0.15 for a shared content word, "
-            "at least this. Otherwise the new text is saved beside the old memory.",
+            "UPDATE_MIN_SIMILARITY": "An update by the model or a day-end correction applies only when the new "
+            "text's relatedness to the old one reaches this; otherwise it is saved beside it.",
             "MEMORY_NOTES": "Who writes memories: `daily` (the day-end notes written with each channel's day "
             "summary), `tools` (the model's memory tools during replies), or `both`.",
         },
