@@ -29,7 +29,7 @@ POOL_HOLDER_PACKAGES = ("bot.memory.", "bot.summaries.")
 DISCORD_ADAPTERS = {"bot.bot", "bot.tools.commands_doc"}
 BELOW_THE_CORE = (
     "bot.memory", "bot.servers", "bot.config", "bot.db", "bot.errors", "bot.tokens", "bot.redact", "bot.ids", "bot.failures",
-    "bot.embedded",
+    "bot.embedded", "bot.texts",
 )
 
 

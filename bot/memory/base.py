@@ -16,7 +16,7 @@ from bot.memory.clock import Clock, SystemClock
 from bot.memory.desk_cache import DeskCache
 from bot.memory.desk_ranks import DeskRanks
 from bot.memory.embeddings import Embedder, EmbeddingError
-from bot.memory.models import Memory, MemoryList, Rejection, SaveResult, Source
+from bot.memory.models import Conversation, Memory, MemoryList, Rejection, SaveResult, Source
 from bot.servers.service import Servers
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 class NewMemory:
     """A save request. `guild_id` is where it happens (None = a DM); personal memories need `owner_id`.
 
-    `by_can_manage` is the adapter's answer to "does the actor have Manage Server here".
+    `by_can_manage` is the adapter's answer to "does the actor have Manage Server here". `conversation` is the
+    reply a model's save belongs to: what the save shows the model or forgets follows its hiding rules.
     """
 
     list: MemoryList
@@ -39,6 +40,7 @@ class NewMemory:
     tags: tuple[str, ...] = ()
     channel_ids: tuple[int, ...] = ()
     by_can_manage: bool = False
+    conversation: Conversation | None = None
 
 
 def _rejected(reason: Rejection, detail: str) -> SaveResult:

@@ -105,7 +105,8 @@ class Conversation:
     `channel_id` is the channel the memory channel-limits refer to (a thread passes its parent).
     `participant_ids` are the other non-bot authors of the context window (a user who is only
     mentioned is not one); the author is always a participant.
-    `context_texts` are the texts of the context window, used by tag matching.
+    `context_texts` are the texts of the context window, used by tag matching. `private_thread`: what is said
+    there never leaves it, so the model saves no server memory there.
     """
 
     guild_id: int | None
@@ -114,6 +115,7 @@ class Conversation:
     text: str
     participant_ids: tuple[int, ...] = ()
     context_texts: tuple[str, ...] = ()
+    private_thread: bool = False
 
     @property
     def participants(self) -> tuple[int, ...]:
