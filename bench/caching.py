@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from bot.memory.embeddings import BuiltinEmbedder, EmbeddingSpace
+from bot.embeddings.providers import BuiltinEmbedder, EmbeddingSpace
 
 
 class CachingEmbedder:

@@ -48,10 +48,10 @@ from bench.locomo import (
     variant_core,
 )
 from bench.pg import BenchServer
+from bot.clock import ManualClock
 from bot.config import Settings
-from bot.memory.clock import ManualClock
 from bot.memory.models import Conversation
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.prompt import ChatLine, Persona
 
 CONVERSATIONS_PER_SERVER = 5

@@ -39,13 +39,13 @@ from typing import Any
 
 from bench.caching import CachingEmbedder
 from bench.pg import BenchServer
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.models import Conversation, MemoryList, Recall, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Conversation, MemoryList, NewMemory, Recall, Source
+from bot.memory.service import MemoryCore
 from bot.prompt import ChatLine, Persona, Prompt, PromptInput, build_prompt, recalled_item
+from bot.services import memory_core
 from bot.tokens import encoding
 
 LOCOMO_PATH = Path(os.environ.get("LOCOMO_PATH", Path(__file__).resolve().parents[2] / "shared/data/locomo/locomo10.json"))
@@ -433,7 +433,7 @@ async def variant_core(server: BenchServer, database: str, settings: Settings) -
         pool = await create_pool(url, max_size=2)
         try:
             clock = ManualClock()
-            yield MemoryCore(pool, shared_embedder(), settings, clock), clock
+            yield memory_core(pool, shared_embedder(), settings, clock), clock
         finally:
             await pool.close()
 
@@ -444,7 +444,7 @@ _EMBEDDER: list[CachingEmbedder] = []
 def shared_embedder() -> CachingEmbedder:
     """The one caching embedder of this benchmark process (every section and variant shares its vectors)."""
     if not _EMBEDDER:
-        from bot.memory.embeddings import BuiltinEmbedder
+        from bot.embeddings.providers import BuiltinEmbedder
 
         _EMBEDDER.append(CachingEmbedder(BuiltinEmbedder()))
     return _EMBEDDER[0]

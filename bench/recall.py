@@ -30,15 +30,15 @@ import asyncpg
 import numpy as np
 
 from bench.synth import BASE_DAY, SPACE, Dataset, Server, message_text
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
+from bot.embeddings.providers import EmbeddingSpace
+from bot.lexical import lexical_query
 from bot.memory import store
-from bot.memory.clock import ManualClock
 from bot.memory.desk_cache import DeskCache
-from bot.memory.embeddings import EmbeddingSpace
-from bot.memory.lexical import lexical_query
 from bot.memory.models import Conversation
-from bot.memory.recall import MemoryCore
+from bot.services import memory_core
 
 TOPK_SQL = """
 SELECT m.id FROM memories m JOIN memory_vectors v ON v.memory_id = m.id AND v.space_id = $4
@@ -122,7 +122,7 @@ async def measure(
     pool = await create_pool(url, min_size=2, max_size=2)
     clock = ManualClock()
     embedder = PresetEmbedder()
-    core = MemoryCore(pool, embedder, Settings(), clock)
+    core = memory_core(pool, embedder, Settings(), clock)
     timings = Timings()
     day = BASE_DAY
     done = -warmup
@@ -151,7 +151,7 @@ async def measure(
                 )
                 first = server.guild_id not in seen
                 seen.add(server.guild_id)
-                persona = await core.persona_id(server.guild_id)
+                persona = await core.servers.persona_id(server.guild_id)
                 topk_args = (server.guild_id, persona, people, dataset.space_id, embedder.vector)
                 recall_ms = topk_ms = 0.0
                 outcome = None
@@ -195,18 +195,18 @@ async def breakdown(url: str, dataset: Dataset, replies: int, *, seed: int = 13)
     clock.set_date(BASE_DAY + timedelta(days=5000))  # after every day `measure` used
     embedder = PresetEmbedder()
     settings = Settings()
-    core = MemoryCore(pool, embedder, settings, clock)
+    core = memory_core(pool, embedder, settings, clock)
     combos = []
     for server in rng.sample(dataset.servers, k=min(20, len(dataset.servers))):
         combos.append((server, rng.sample(server.users, k=3)))
     times: dict[str, list[float]] = {"core": [], "statement": [], "topk": []}
-    space = await core.space_id()
+    space = await core.embeddings.space_id()
     try:
         for index in range(replies + len(combos)):
             server, people = combos[index % len(combos)]
             embedder.vector = dataset.query_vector(vectors, rng.choice(server.topics))
             conversation = Conversation(server.guild_id, server.channel_ids[0], people[0], "hello", tuple(people[1:]))
-            persona = await core.persona_id(server.guild_id)
+            persona = await core.servers.persona_id(server.guild_id)
             if index < len(combos):  # the day's first reply of each group: ages, untimed
                 await core.reply_search(conversation)
                 continue

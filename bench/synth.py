@@ -25,8 +25,9 @@ from datetime import UTC, date, datetime, timedelta
 import numpy as np
 
 from bot.config import BUILTIN_MODEL
+from bot.embeddings import store as embeddings_store
+from bot.embeddings.providers import EmbeddingSpace
 from bot.memory import store
-from bot.memory.embeddings import EmbeddingSpace
 
 DIMENSIONS = 512
 BASE_DAY = date(2026, 3, 2)  # the benchmark's first chat day; every memory was last aged the day before
@@ -279,7 +280,7 @@ async def load(url: str, total: int, seed: int = 5, progress: Callable[[str], No
     pool = await create_pool(url, max_size=2)
     try:
         async with pool.acquire() as conn:
-            space = await store.space_id(conn, SPACE)
+            space = await embeddings_store.space_id(conn, SPACE)
             first_persona = int(await conn.fetchval("SELECT coalesce(max(id), 0) + 1 FROM personas"))
             plan = _plan(rng, total, first_persona)
             await conn.copy_records_to_table(

@@ -197,14 +197,13 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
     from bot.chat.messages import IncomingMessage
     from bot.chat.receipts import ReplyStatus
     from bot.chat.reply import ReplyPipeline
+    from bot.clock import ManualClock
     from bot.config import Settings
     from bot.db import create_pool
-    from bot.memory.clock import ManualClock
-    from bot.memory.embeddings import BuiltinEmbedder, create_embedder
+    from bot.embeddings.providers import BuiltinEmbedder, create_embedder
     from bot.memory.models import Conversation
-    from bot.memory.recall import MemoryCore
     from bot.prompt import Persona, PromptInput, build_prompt
-    from bot.services import build_services
+    from bot.services import build_services, memory_core
 
     servers = [ServerInfo(**raw) for raw in json.loads(Path(servers_path).read_text(encoding="utf-8"))]  # noqa: ASYNC240
     rng = random.Random(5)
@@ -230,8 +229,8 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
     pool = await create_pool(url, max_size=10)
     clock = ManualClock()
     clock.set_date(BASE_DAY + timedelta(days=6000))
-    core = MemoryCore(pool, embedder, settings, clock)
-    space = await core.space_id()
+    core = memory_core(pool, embedder, settings, clock)
+    space = await core.embeddings.space_id()
     assert embedder.space == SPACE, "the synthetic memories were embedded in the built-in model's space"
     count = await _reembed(pool, builtin, [s.guild_id for s in servers], space or 0)
     _say(f"re-embedded {count:,} memories of {len(servers)} servers with the built-in model")
@@ -326,7 +325,7 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
     # if a separate embedding service answered at once. The two alternate in blocks so that load from
     # other processes hits both alike.
     from bench.synth import MESSAGE_TEMPLATES, TOPIC_NAMES, TOPICS
-    from bot.memory.embeddings import DeadlineEmbedder, MicroBatchingEmbedder
+    from bot.embeddings.providers import DeadlineEmbedder, MicroBatchingEmbedder
 
     distinct = [template.format(thing=thing) for name in TOPIC_NAMES for thing in TOPICS[name] for template in MESSAGE_TEMPLATES]
     ahead = PrecomputedEmbedder(builtin, distinct)
@@ -336,7 +335,7 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
     wired = {
         "pipeline": build_services(core, bot_user_id=BOT_USER_ID),
         "whatif": build_services(
-            MemoryCore(pool, DeadlineEmbedder(ahead, settings.embedding_timeout_s), settings, clock), bot_user_id=BOT_USER_ID
+            memory_core(pool, DeadlineEmbedder(ahead, settings.embedding_timeout_s), settings, clock), bot_user_id=BOT_USER_ID
         ),
     }
     pipelines = {name: services.pipeline for name, services in wired.items()}

@@ -2,26 +2,47 @@
 
 Every failure a user can cause (bad settings, an unreachable database, a broken scenario file)
 ends with one clear sentence on stderr and a non-zero exit status, never a traceback.
+
+SIGTERM, SIGHUP and SIGINT are handled before anything else (`bot.shutdown`), and the libraries are
+imported inside `main`, so a signal at any moment of start-up is a clean stop with its exit status.
 """
 
 from __future__ import annotations
 
+from bot import shutdown
+
+if __name__ == "__main__":
+    shutdown.install()
+
 import argparse
-import asyncio
 import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bot.config import ConfigError, Settings, load_settings
-from bot.db import DatabaseError
-from bot.redact import install as install_redaction
-from bot.redact import redact
+if TYPE_CHECKING:
+    from bot.config import Settings
 
 EXIT_USAGE = 2
+NO_TOKEN_NO_TERMINAL = (
+    "DISCORD_TOKEN is not set and there is no terminal for the console chat: put DISCORD_TOKEN=... in .env (or the "
+    "environment) to run the Discord bot, or use `python -m bot console` to script the console"
+)
 
 
+IMAGE_VOLUME = Path("/data")  # the Dockerfile's VOLUME and DATA_DIR
 LOG_FORMAT = "%(asctime)s %(levelname)-8s %(name)s: %(message)s"
+
+
+class OneLineFormatter(logging.Formatter):
+    """One line per record between the console's turns: the first line of the message, no traceback (the log file
+    keeps the whole record)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        lines = record.getMessage().strip().splitlines()
+        return f"{record.levelname}: {lines[0] if lines else ''}"
 
 
 def _console_logging(settings: Settings) -> None:
@@ -36,9 +57,25 @@ def _console_logging(settings: Settings) -> None:
     to_file.setFormatter(logging.Formatter(LOG_FORMAT))
     terminal = logging.StreamHandler()
     terminal.setLevel(logging.ERROR)
-    terminal.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    terminal.setFormatter(OneLineFormatter())
     logging.basicConfig(level=settings.log_level, handlers=[to_file, terminal])
     logging.captureWarnings(True)
+
+
+def _warn_if_lost_with_the_container(data_dir: Path, volume: Path = IMAGE_VOLUME) -> None:
+    """In Deskmate's image (`/data` is its volume, mounted whenever the image runs), a DATA_DIR elsewhere (an .env
+    still saying DATA_DIR=./data wins over the image's /data) keeps the embedded database and the heartbeat on the
+    container's own file system, which goes with the container. Elsewhere (no volume at /data) nothing is said."""
+    if not volume.is_mount():
+        return
+    folder = data_dir.resolve()
+    if folder == volume or volume in folder.parents:
+        return
+    print(
+        f"warning: DATA_DIR ({data_dir}) is not on the image's volume {volume}, so everything kept there (the "
+        f"embedded database, the heartbeat) is lost with the container; leave DATA_DIR unset (the image sets {volume})",
+        file=sys.stderr,
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,12 +109,14 @@ def _commands(as_markdown: bool) -> int:
     """The slash-command tree from the real cogs, without a token, a database or a connection."""
     from bot.tools.commands_doc import command_tree, markdown
 
-    tree = asyncio.run(command_tree())
+    tree = shutdown.run(command_tree())
     print(markdown(tree) if as_markdown else json.dumps(tree, ensure_ascii=False, indent=2))
     return 0
 
 
 def _fail(message: str, status: int = 1) -> int:
+    from bot.redact import redact
+
     print(f"error: {redact(message)}", file=sys.stderr)
     return status
 
@@ -98,21 +137,45 @@ def _simulate(path: str, settings: Settings) -> int:
 
     try:
         print(f"simulate: {ran_with(scenario_settings(settings, parse_scenario(lines))[0])}", file=sys.stderr, flush=True)
-        asyncio.run(simulate(lines, settings, emit))
+        shutdown.run(simulate(lines, settings, emit))
     except ScenarioError as exc:
         return _fail(f"{path}: {exc}", EXIT_USAGE)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """The command line's exit status. SIGTERM, SIGHUP or Ctrl-C stop every command cleanly (bot.shutdown): the bot
+    and the console end with 0, as a requested stop is how they end; the tools with 128 + the signal's number."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    command = next((word for word in given if not word.startswith("-")), None)
+    try:
+        shutdown.arm()
+        args = _parser().parse_args(given)
+        command = args.command
+        return _run_command(args)
+    except shutdown.Interrupted as exc:
+        logging.getLogger(__name__).info("Stopped by %s", shutdown.signal_name(exc.signum))
+        if command in (None, "run", "console"):
+            return 0
+        print(f"\nStopped by {shutdown.signal_name(exc.signum)}.", file=sys.stderr)
+        return 128 + exc.signum
+
+
+def _run_command(args: argparse.Namespace) -> int:
     if args.command == "commands":
         return _commands(args.markdown)
+    from bot.config import ConfigError, load_settings
+    from bot.failures import DatabaseError
+    from bot.redact import install as install_redaction
+
     try:
         settings = load_settings()
     except ConfigError as exc:
         return _fail(f"invalid setting: {exc}")
     install_redaction(settings)  # before any log line: secrets never reach a log, whoever writes it
+    if args.command == "run" and not settings.discord_token and not sys.stdin.isatty():
+        return _fail(NO_TOKEN_NO_TERMINAL)
+    _warn_if_lost_with_the_container(settings.data_dir)
     use_discord = args.command in (None, "run") and bool(settings.discord_token)
     if use_discord:  # discord.py's own colourful format, for the bot and its libraries alike
         from bot.bot import setup_logging
@@ -132,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check":
             from bot.tools.check import run_check
 
-            return asyncio.run(run_check(settings))
+            return shutdown.run(run_check(settings))
         if args.command == "reembed":
             from bot.tools.reembed import main as reembed
 
@@ -158,11 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _fail(str(exc))
         from bot.console import run_console
 
-        return asyncio.run(run_console(settings))
+        return shutdown.run(run_console(settings))
     except DatabaseError as exc:
         return _fail(str(exc))
-    except KeyboardInterrupt:
-        return 130
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
+from bot import shutdown
 from bot.config import Settings
 from bot.redact import install as install_redaction
 from bot.services import Services, open_services
@@ -84,6 +84,44 @@ def shard_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """Discord lists every refused field of a request on its own line (a rejected command tree: dozens of them);
+    a log line holds the first ones, and how many there were in all."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    joined = "; ".join(lines)
+    if len(joined) <= limit:
+        return joined
+    return f"{joined[:limit].rstrip()}… ({len(lines)} lines in all)"
+
+
+def guard_gateway_parsers(parsers: dict[str, Callable[[Any], None]]) -> None:
+    """Make every gateway event parser skip an event it cannot read, with one log line, instead of ending the bot.
+
+    discord.py parses each event inside the shard's read loop: an exception there (a field of the wrong type, say)
+    ends the connection's worker and with it the whole process. Discord-compatible servers send what Discord does
+    not, e.g. `"guild_id": null` on a direct message, which discord.py reads as a server id. A missing server is
+    what such a null means, so it is dropped before parsing and the message is read as the DM it is; anything else
+    that cannot be read is that one event lost, logged, and the bot goes on.
+    """
+    for event, parse in list(parsers.items()):
+        if not getattr(parse, "guarded", False):
+            parsers[event] = _guarded_parser(event, parse)
+
+
+def _guarded_parser(event: str, parse: Callable[[Any], None]) -> Callable[[Any], None]:
+    def guarded(data: Any) -> None:
+        if isinstance(data, dict) and "guild_id" in data and data["guild_id"] is None:
+            del data["guild_id"]
+        try:
+            parse(data)
+        except Exception as exc:
+            log.warning("Skipped a %s event from Discord that could not be read (%s: %s)", event, type(exc).__name__,
+                        str(exc).splitlines()[0][:200] if str(exc) else "no detail")
+
+    guarded.guarded = True  # type: ignore[attr-defined]
+    return guarded
+
+
 class DeskmateBot(commands.AutoShardedBot):
     """The bot, on services that are already open (discord.py's "resources opened in main" pattern)."""
 
@@ -106,6 +144,7 @@ class DeskmateBot(commands.AutoShardedBot):
         self.settings = settings
         self.services = services
         self.sync_commands = sync_commands
+        guard_gateway_parsers(self._connection.parsers)
         self._stop_background: asyncio.Event | None = None
         self._background: list[asyncio.Task[None]] = []
 
@@ -136,11 +175,12 @@ class DeskmateBot(commands.AutoShardedBot):
         try:
             await self.sync_tree()
         except discord.HTTPException as exc:
-            why = f"Discord answered {exc.status}" + (f" (code {exc.code})" if exc.code else "") + f": {exc.text or exc}"
+            detail = one_line(exc.text or str(exc))
+            why = f"Discord answered {exc.status}" + (f" (code {exc.code})" if exc.code else "") + f": {detail}"
         except discord.RateLimited as exc:  # a 429 asking to wait longer than MAX_RATELIMIT_WAIT_S
             why = f"Discord rate-limited it for {exc.retry_after:.0f} s"
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            why = f"cannot reach Discord ({type(exc).__name__}: {exc})"
+            why = f"cannot reach Discord ({type(exc).__name__}: {one_line(str(exc))})"
         else:
             return True
         later = f"retrying in {retry_in:g} s" if retry_in is not None else "retrying later"
@@ -217,20 +257,19 @@ class StartupError(RuntimeError):
 
 
 def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
-    """`asyncio.run(main)`, on uvloop's event loop when it is installed (requirements.txt pins it, except on
-    Windows, which it does not support). It is a drop-in asyncio loop written in C: in the throughput
-    benchmark it took ≈ 0.9 ms of CPU off each reply (≈ 15% of the pipeline's own Python). Without it the
-    standard loop runs the same code."""
+    """`shutdown.run(main)` (a shutdown signal cancels `main`), on uvloop's event loop when it is installed
+    (requirements.txt pins it, except on Windows, which it does not support). It is a drop-in asyncio loop written in
+    C: in the throughput benchmark it took ≈ 0.9 ms of CPU off each reply (≈ 15% of the pipeline's own Python).
+    Without it the standard loop runs the same code."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)
+        return shutdown.run(main)
+    return shutdown.run(main, loop_factory=uvloop.new_event_loop)
 
 
 async def run_bot(settings: Settings, *, on_start: Callable[[DeskmateBot], object] | None = None, **options: Any) -> int:
-    """Open the services, run the bot on them until SIGINT/SIGTERM or a fatal error, then shut down cleanly.
+    """Open the services, run the bot on them until SIGTERM/SIGHUP/SIGINT or a fatal error, then shut down cleanly.
 
     Returns the exit status. `on_start` sees the bot before it connects (tests wait on it).
     """
@@ -243,12 +282,10 @@ async def run_bot(settings: Settings, *, on_start: Callable[[DeskmateBot], objec
 
 
 async def _run(bot: DeskmateBot, settings: Settings) -> int:
-    loop = asyncio.get_running_loop()
+    """Run the bot until it ends or a shutdown signal (SIGTERM, SIGHUP, SIGINT) asks it to close: the gateway is
+    closed first, then `run_bot` closes the services. Before this point a signal cancels the start-up instead."""
     stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):  # not on the main thread / Windows
-            loop.add_signal_handler(signum, stop.set)
-    try:
+    with shutdown.on_signal(stop.set):
         async with bot:
             runner = asyncio.create_task(bot.start(settings.discord_token), name="discord")
             stopper = asyncio.create_task(stop.wait(), name="signals")
@@ -270,8 +307,4 @@ async def _run(bot: DeskmateBot, settings: Settings) -> int:
                     "Discord refused the Message Content intent: switch on 'Message Content Intent' on the Bot page "
                     "of your application in the Developer Portal, then start again"
                 ) from exc
-    finally:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(signum)
     return 0

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, unquote_plus
+from urllib.parse import quote, unquote, unquote_plus
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from dotenv import dotenv_values
@@ -24,6 +24,7 @@ EMBEDDING_PROVIDERS = ("builtin", "openai", "none")
 DESK_REFRESH_MODES = ("reply", "daily")
 DESK_FIT_RULES = ("fair", "prefix")  # how a desk larger than its share of MEMORY_TOKEN_BUDGET is cut (bot/desk_fit.py)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MEMORY_NOTES_MODES = ("both", "daily", "tools")  # who saves memories: day-end notes, the reply's tools, or both
 
 # Default MIN_SIMILARITY per embedding model, measured with tests/data/calibration.jsonl
 # (see README "Choosing MIN_SIMILARITY"). Models not listed fall back to DEFAULT_MIN_SIMILARITY.
@@ -93,6 +94,8 @@ class Settings:
     max_tool_rounds: int = 1
     max_memory_actions_per_reply: int = 5
     duplicate_similarity: float = 0.91
+    update_min_similarity: float = 0.60  # the model's update must be about the same subject (bot/memory/relatedness.py)
+    memory_notes: str = "both"  # daily: day-end notes only; tools: the reply's memory tools only; both
     default_persona_name: str = DEFAULT_PERSONA_NAME
     default_persona_prompt: str = DEFAULT_PERSONA_PROMPT
     # --- slash commands ---
@@ -191,6 +194,21 @@ def url_secrets(url: str) -> list[str]:
         if equals and _secret_parameter(name):
             found.append(value)
     return [text for value in found for text in {value, unquote(value), unquote_plus(value)} if text]
+
+
+def with_password(url: str, password: str) -> str:
+    """DATABASE_URL with DATABASE_PASSWORD put in, URL-encoded: a password written as is, whatever its characters
+    (`@`, `/`, `:`, `#`, `%` would each break or change a URL they were pasted into). Empty: the URL unchanged."""
+    if not password:
+        return url
+    parts = _url_parts(url)
+    assert parts is not None  # checked by _check_database_url
+    scheme, userinfo, rest, query = parts
+    user, _, written = userinfo.partition(":")
+    if written:
+        raise ConfigError("DATABASE_PASSWORD is set but DATABASE_URL has a password too; keep one of them")
+    encoded = f"{scheme}{user}:{quote(password, safe='')}@{rest}"
+    return f"{encoded}?{query}" if query or "?" in url else encoded
 
 
 def redact_url(url: str) -> str:
@@ -325,6 +343,9 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
     database_url = _text(merged, "DATABASE_URL", "") or None
     if database_url:
         _check_database_url(database_url)
+        database_url = with_password(database_url, merged.get("DATABASE_PASSWORD", ""))
+    elif merged.get("DATABASE_PASSWORD"):
+        raise ConfigError("DATABASE_PASSWORD is set but DATABASE_URL is not: the embedded database needs no password")
 
     return _check_shards(_check_chat_budgets(Settings(
         database_url=database_url,
@@ -373,6 +394,7 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         shard_ids=_id_list(merged, "SHARD_IDS"),
         **_recall_settings(merged, model, default_similarity),
         **_summary_settings(merged),
+        **_notes_settings(merged),
     )))
 
 
@@ -486,6 +508,14 @@ def _recall_settings(merged: Mapping[str, str], model: str, default_similarity: 
         "document_token_budget": _int(merged, "DOCUMENT_TOKEN_BUDGET", 800, 0, 100_000),
         "document_max_results": _int(merged, "DOCUMENT_MAX_RESULTS", 3, 1, 20),
         "document_max_bytes": _int(merged, "DOCUMENT_MAX_BYTES", 262_144, 1_024, 8 * 1_048_576),
+    }
+
+
+def _notes_settings(merged: Mapping[str, str]) -> dict[str, object]:
+    """Who writes memories (MEMORY_NOTES) and when a model's update counts as one (UPDATE_MIN_SIMILARITY)."""
+    return {
+        "memory_notes": _choice(merged, "MEMORY_NOTES", "both", MEMORY_NOTES_MODES),
+        "update_min_similarity": _float(merged, "UPDATE_MIN_SIMILARITY", 0.60, -1.0, 1.01),
     }
 
 

@@ -19,18 +19,21 @@ import json
 import logging
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import TextIO
 
-from bot.chat.messages import IncomingMessage, UserRef
+from bot.chat.messages import IncomingMessage, UserRef, storable
 from bot.chat.model import chat_configured
+from bot.chat.notices import Notices
 from bot.chat.receipts import ReplyStatus
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.console_session import BOT_USER_ID, MENTION, SUMMARIES_USAGE, CommandError, ServerCommands, local_id
+from bot.embeddings.providers import BuiltinEmbedder, create_embedder
 from bot.errors import Refusal
-from bot.failures import database_sentence
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, create_embedder
+from bot.failures import database_sentence, first_line
+from bot.memory.history import describe_version
 from bot.memory.lists import ListRef, Scope, looks_like_instruction
 from bot.memory.models import SaveResult
 from bot.services import open_services
@@ -50,6 +53,7 @@ HELP = """Type a message to talk to the bot (as if you @mentioned it). Commands:
   /block NAME, /unblock NAME                            /persona [name TEXT | prompt TEXT]
   /lore [add TEXT | remove ID]                          /receipt, /why  why the last reply used what it used
   /documents [add PATH | delete ID]  documents of the local server     /history [on|off]  this channel's chat history
+  /history ID [PAGE]   a memory's earlier texts         /restore ID VERSION  make an earlier text current again
   /stats [mine]        the memory viewer (writes a chart to DATA_DIR)   /rebuild        embed everything now, with progress
   /summaries [show ID | regenerate ID | backfill [DAYS] | on|off]  this channel's day and week summaries (/day ends a day)
   /who                 where you are                    /help, /quit"""
@@ -63,7 +67,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "/receipt": (r"", "/receipt"), "/why": (r"", "/why"), "/rebuild": (r"", "/rebuild"),
     "/memories": (r"\d*", "/memories [PAGE]"), "/mine": (r"\d*", "/mine [PAGE]"), "/day": (r"\d*", "/day [N]"),
     "/stats": (r"(mine)?", "/stats [mine]"), "/privacy": (r"(none|partial|full)?", "/privacy none|partial|full"),
-    "/history": (r"(on|off)?", "/history [on|off]"),
+    "/history": (r"(on|off|#?\d+( \d+)?)?", "/history [on|off] (chat history) or /history ID [PAGE] (a memory's versions)"),
+    "/restore": (r"#?\d+ #?\d+", "/restore ID VERSION"),
     "/summaries": (r"((show|regenerate) #?\d+|backfill( \d+)?|on|off)?", SUMMARIES_USAGE),
 }
 
@@ -71,8 +76,11 @@ OPTIONS: dict[str, tuple[str, str]] = {
 def refuse_unknown_options(command: str, rest: str) -> None:
     """A mistyped option is refused with the usage: silently ignoring it would do something else than asked."""
     accepted = OPTIONS.get(command)
-    if accepted is not None and not re.fullmatch(accepted[0], rest, flags=re.IGNORECASE):
+    if accepted is not None and not re.fullmatch(accepted[0], rest, flags=re.IGNORECASE | re.ASCII):
         raise CommandError(f"{command} does not take {rest!r}; usage: {accepted[1]}")
+
+
+MAX_DAY_OFFSET = 36_525  # 100 years: dates stay far from the end of the calendar (year 9999) and of every week sum
 
 
 class ConsoleChat(ServerCommands):
@@ -81,6 +89,7 @@ class ConsoleChat(ServerCommands):
     async def handle(self, line: str) -> bool:
         """Run one input line; False means quit. A bad line prints an error and the session goes on."""
         self.tick()
+        line = storable(line)
         if not line:
             return True
         if not line.startswith("/"):
@@ -154,7 +163,13 @@ class ConsoleChat(ServerCommands):
             for notice in outcome.notices.lines:
                 self.show(f"  {prefix}{notice}")
         self.show("  receipt: " + outcome.receipt.render().replace("\n", "\n           "))
-        self.core.vectors_wanted.set()  # the background pass chunks what left the context window
+        self.services.upkeep.request_pass()  # chunk what left the context window now, not at the next interval
+
+    async def show_day_notes(self, channel_id: int, guild_id: int | None, notices: Notices) -> None:
+        """A finished chat day's notes notice (written in the background after the day's first message)."""
+        prefix = {"channel": "", "hidden": "(hidden notice) ", "log": "[#log] "}[notices.destination]
+        for line in notices.lines:
+            self.show(f"  {prefix}{line}")
 
     # --- where and who ---
 
@@ -166,26 +181,26 @@ class ConsoleChat(ServerCommands):
 
     async def cmd_as(self, rest: str) -> None:
         name = self._name(rest, "/as NAME")
-        self.user = name
-        if self.in_dm:
-            await self.refresh_persona()
+        await self.move(user=name)
         self.show(f"(you are now {name})")
 
     async def cmd_channel(self, rest: str) -> None:
-        self.channel = self._name(rest.lstrip("#"), "/channel NAME")
-        self.in_dm = False
-        await self.refresh_persona()
+        await self.move(channel=self._name(rest.lstrip("#"), "/channel NAME"), in_dm=False)
         self.show(f"(you are in #{self.channel})")
 
     async def cmd_dm(self, rest: str) -> None:
-        self.in_dm = True
-        await self.refresh_persona()
+        await self.move(in_dm=True)
         self.show(f"(you are in a DM with {self.persona_name}; /channel NAME goes back to the server)")
 
     async def cmd_day(self, rest: str) -> None:
-        days = int(rest) if rest.isdigit() else 1
-        if rest and not rest.isdigit():
+        if rest and not (rest.isascii() and rest.isdigit()):
             raise CommandError("/day takes a number of days, e.g. /day 3")
+        days = int(rest) if rest and len(rest) <= 9 else (1 if not rest else MAX_DAY_OFFSET + 1)
+        if self.day_offset + days > MAX_DAY_OFFSET:
+            raise CommandError(
+                f"/day moves the simulated date at most {MAX_DAY_OFFSET} days (100 years) past today, and it is "
+                f"{self.day_offset} days ahead now; /day {max(MAX_DAY_OFFSET - self.day_offset, 0)} goes the furthest"
+            )
         self.day_offset += days
         self.tick()
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -249,17 +264,108 @@ class ConsoleChat(ServerCommands):
         result = await self.manager.edit(await self._ref_of(memory_id), memory_id, text, actor=self.actor)
         self.show(f"edited #{memory_id}: {result.saved.text}" if result.saved else f"not edited: {result.detail}")
 
+    async def cmd_history(self, rest: str) -> None:
+        """`/history ID [PAGE]`: a memory's versions; `/history [on|off]`: this channel's chat-history recall."""
+        raw_id, _, raw_page = rest.partition(" ")
+        if not raw_id.lstrip("#").isdigit():
+            await super().cmd_history(rest)
+            return
+        memory_id = self._memory_id(raw_id, "/history ID [PAGE]")
+        page = await self.manager.versions.page(await self._ref_of(memory_id), memory_id, int(raw_page) - 1 if raw_page else 0)
+        names = await self.services.chat_log.names([v.replaced_by for v in page.versions if v.replaced_by is not None])
+        names.setdefault(self.user_id, self.user)
+        self.show(f"#{memory_id} now: {page.memory.text}")
+        if not page.total:
+            self.show("  no earlier texts: it was never changed")
+        else:
+            self.show(f"  {page.total} earlier text{'s' if page.total != 1 else ''} (page {page.number + 1} of {page.pages})")
+        for version in page.versions:
+            heading, detail = describe_version(version, names)
+            self.show(f"  {heading}: {version.text}\n    {detail}")
+
+    async def cmd_restore(self, rest: str) -> None:
+        raw_id, _, raw_version = rest.partition(" ")
+        memory_id = self._memory_id(raw_id, "/restore ID VERSION")
+        version_id = self._memory_id(raw_version, "/restore ID VERSION")
+        result = await self.manager.versions.restore(
+            await self._ref_of(memory_id), memory_id, version_id, by=self.user_id, by_can_manage=True
+        )
+        self.show(f"restored #{memory_id}: {result.saved.text}" if result.saved else f"not restored: {result.detail}")
+
     async def cmd_forget(self, rest: str) -> None:
         memory_id = self._memory_id(rest, "/forget ID")
         result = await self.manager.delete(await self._ref_of(memory_id), memory_id, actor=self.actor)
         self.show(f"deleted #{memory_id}: {result.forgotten[0].text}" if result.forgotten else f"not deleted: {result.detail}")
 
 
+def failure_sentence(exc: Exception) -> str:
+    """One line for a command that failed: what a person can act on (the database is down, the disk is full), or
+    the error's first line; the traceback goes to the log (DATA_DIR/console.log), never between the turns."""
+    explained = database_sentence(exc)
+    if explained is not None:
+        log.warning("Console command failed: %s (%s: %s)", explained, type(exc).__name__, first_line(exc))
+        return explained
+    log.warning("Console command failed", exc_info=exc)
+    return f"something went wrong ({type(exc).__name__}: {first_line(exc)[:200]}); the details are in the log"
+
+
+class LineReader:
+    """Standard input, one line when asked, read in a daemon thread.
+
+    `asyncio.to_thread(stdin.readline)` would leave a worker thread blocked on the terminal after a shutdown
+    signal, and the interpreter waits for its worker threads before it exits: a `docker stop` or a SIGTERM of the
+    console would hang until someone pressed Enter. A daemon thread does not hold the exit, and it reads only when
+    asked, so nothing is taken from the input that the session does not handle. A closed terminal reads as the end.
+    """
+
+    def __init__(self, stdin: TextIO) -> None:
+        self._stdin = stdin
+        self._wanted = threading.Semaphore(0)
+        self._pending: tuple[asyncio.AbstractEventLoop, asyncio.Future[str]] | None = None
+        self._thread: threading.Thread | None = None
+        self._ended = False
+
+    async def readline(self) -> str:
+        if self._ended:
+            return ""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+        self._pending = (loop, future)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._read, name="console-input", daemon=True)
+            self._thread.start()
+        self._wanted.release()
+        return await future
+
+    def _read(self) -> None:
+        while True:
+            self._wanted.acquire()
+            assert self._pending is not None
+            loop, future = self._pending
+            try:
+                line = self._stdin.readline()
+            except (OSError, ValueError):  # the terminal is gone (EIO after a hang-up) or stdin was closed
+                line = ""
+            if not line:
+                self._ended = True
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting
+                loop.call_soon_threadsafe(_deliver, future, line)
+            if not line:
+                return
+
+
+def _deliver(future: asyncio.Future[str], line: str) -> None:
+    if not future.done():
+        future.set_result(line)
+
+
 def _read_day_offset(path: Path) -> int:
+    """The saved /day offset; 0 when the file is missing or holds something /day could not have written."""
     try:
-        return int(json.loads(path.read_text(encoding="utf-8")).get("day_offset", 0))
+        offset = json.loads(path.read_text(encoding="utf-8")).get("day_offset", 0)
     except (OSError, ValueError, AttributeError):
         return 0
+    return offset if isinstance(offset, int) and not isinstance(offset, bool) and 0 <= offset <= MAX_DAY_OFFSET else 0
 
 
 async def run_console(
@@ -291,26 +397,22 @@ async def run_console(
         try:
             state_file = settings.data_dir / "console.json"
             console = ConsoleChat(services, clock, out, state_file, _read_day_offset(state_file))
+            services.summaries.notes.listener = console.show_day_notes
             console.tick()
             await console.refresh_persona()
             interactive = stdin.isatty()
+            lines = LineReader(stdin)
             while True:
                 if interactive:
                     print(f"{console.user}> ", end="", file=out, flush=True)
-                raw = await asyncio.to_thread(stdin.readline)
+                raw = await lines.readline()
                 if not raw:
                     break
                 try:
                     if not await console.handle(raw.strip()):
                         break
                 except Exception as exc:  # one bad line never ends the session
-                    explained = database_sentence(exc)  # a full disk while saving is one sentence, not a traceback
-                    if explained is not None:
-                        log.error("Console command failed: %s", explained)
-                        console.show(f"error: {explained}")
-                        continue
-                    log.exception("Console command failed")
-                    console.show(f"error: {type(exc).__name__}: {exc}")
+                    console.show(f"error: {failure_sentence(exc)}")
         finally:
             stop.set()
             reembedder.cancel()

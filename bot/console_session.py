@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import TextIO
 
 from bot.chat.receipts import Receipt
+from bot.clock import ManualClock
 from bot.documents.service import describe_size
 from bot.errors import InvalidInput, Refusal
-from bot.memory.clock import ManualClock
+from bot.ids import parse_id
 from bot.memory.lists import ListRef
 from bot.memory.manage import MemoryManager
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.servers.models import Actor, Privacy
 from bot.servers.service import Servers
 from bot.services import Services
@@ -132,6 +133,21 @@ class ConsoleSession:
     async def refresh_persona(self) -> None:
         self.persona_name = (await self.servers.persona(self.guild_id)).name
 
+    async def move(self, *, user: str | None = None, channel: str | None = None, in_dm: bool | None = None) -> None:
+        """Become another user or go somewhere else; when the new place's persona cannot be read (the database is
+        down), the session stays who and where it was, as the error says."""
+        before = (self.user, self.channel, self.in_dm)
+        self.user = user if user is not None else self.user
+        self.channel = channel if channel is not None else self.channel
+        self.in_dm = in_dm if in_dm is not None else self.in_dm
+        if (self.channel, self.in_dm) == before[1:]:
+            return  # the same place, the same persona
+        try:
+            await self.refresh_persona()
+        except BaseException:
+            self.user, self.channel, self.in_dm = before
+            raise
+
     # --- one line ---
 
     async def _server_list(self) -> ListRef:
@@ -151,10 +167,11 @@ class ConsoleSession:
         raise CommandError(f"there is no memory #{memory_id} that you can change here")
 
     def _memory_id(self, raw: str, usage: str) -> int:
-        raw = raw.lstrip("#")
-        if not raw.isdigit():
-            raise CommandError(usage)
-        return int(raw)
+        """An id as Discord and the database know them: ASCII digits, 1 to 2**63 - 1 (`²` or 20 nines are no id)."""
+        try:
+            return parse_id(raw.strip().lstrip("#"), "the id")
+        except ValueError as exc:
+            raise CommandError(f"{exc}; usage: {usage}") from None
 
 
 class ServerCommands(ConsoleSession):
@@ -376,7 +393,8 @@ class ServerCommands(ConsoleSession):
             else:
                 self._show_summary(written)
         elif action == "backfill":
-            await self._backfill(int(value) if value.isdigit() else self.services.settings.summary_backfill_days)
+            days = (int(value) if len(value) <= 6 else 365) if value else self.services.settings.summary_backfill_days
+            await self._backfill(days)
         elif action:
             raise CommandError(SUMMARIES_USAGE)
         else:

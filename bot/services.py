@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
+import asyncpg
 import openai
 
 from bot.chat.log import ChatLog
@@ -26,19 +27,21 @@ from bot.chat.reply import ReplyPipeline
 from bot.chat.service import ChatService
 from bot.chat.sources import TailSource
 from bot.chat.tools import MemoryTools
+from bot.clock import Clock
 from bot.config import Settings
 from bot.db import Database
 from bot.documents.service import DocumentLibrary
 from bot.documents.source import DocumentSource
+from bot.embeddings.providers import BuiltinEmbedder, Embedder, create_embedder
+from bot.embeddings.service import Embeddings
 from bot.history.service import HistoryIndex
 from bot.history.source import ChatHistorySource
-from bot.memory.clock import Clock
-from bot.memory.embeddings import BuiltinEmbedder, Embedder, create_embedder
 from bot.memory.manage import USER_DATA_FORMAT, USER_DATA_VERSION, MemoryManager
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.servers.models import Actor, Privacy
 from bot.servers.rules import require_manager
 from bot.servers.service import Servers
+from bot.summaries.notes import DayNotes
 from bot.summaries.service import ChannelSummaries
 from bot.summaries.writer import SummaryWriter
 from bot.upkeep import Upkeep
@@ -49,6 +52,7 @@ class Services:
     settings: Settings
     database: Database
     servers: Servers
+    embeddings: Embeddings
     core: MemoryCore
     memories: MemoryManager
     chat_log: ChatLog
@@ -142,6 +146,13 @@ async def make_embedder(settings: Settings) -> Embedder:
     return create_embedder(settings, builtin)
 
 
+def memory_core(
+    pool: asyncpg.Pool, embedder: Embedder, settings: Settings, clock: Clock | None = None, *, servers: Servers | None = None
+) -> MemoryCore:
+    """A memory core with an embeddings service of its own: for tests, benchmarks and tools that start from a core."""
+    return MemoryCore(pool, Embeddings(pool, embedder, settings), settings, clock, servers=servers)
+
+
 def build_services(
     core: MemoryCore,
     database: Database | None = None,
@@ -150,31 +161,34 @@ def build_services(
     bot_user_id: int | None = None,
     summary_client: openai.AsyncOpenAI | None = None,
 ) -> Services:
-    """Every service around a memory core (no I/O: `open_services` opens and closes around it).
+    """Every service around a memory core and its embeddings service (no I/O: `open_services` opens and closes
+    around it).
 
     The tests build a core on their own database and hand it here, so they run the same wiring.
     """
-    settings = core.settings
+    settings, embeddings = core.settings, core.embeddings
     database = database or Database(url="", pool=core.pool)
     chat_log = ChatLog(database.pool)
-    history = HistoryIndex(core)
-    documents = DocumentLibrary(core)
+    history = HistoryIndex(database.pool, embeddings, settings)
+    documents = DocumentLibrary(database.pool, embeddings, settings, core.clock)
     sources: list[TailSource] = [ChatHistorySource(history), DocumentSource(documents)]
     model = ChatModel(settings, MemoryTools(core, settings), chat_client)
+    notes = DayNotes(core, core.servers, chat_log, settings)
     summaries = ChannelSummaries(
-        database.pool, settings, core.clock, chat_log, core.servers, SummaryWriter(settings, summary_client)
+        database.pool, settings, core.clock, chat_log, core.servers, notes, SummaryWriter(settings, summary_client)
     )
     pipeline = ReplyPipeline(core, chat_log, model, sources, bot_user_id=bot_user_id, summaries=summaries)
     return Services(
         settings=settings,
         database=database,
         servers=core.servers,
+        embeddings=embeddings,
         core=core,
         memories=MemoryManager(core, import_max_bytes=settings.import_max_bytes),
         chat_log=chat_log,
         history=history,
         documents=documents,
-        upkeep=Upkeep(core, history, documents),
+        upkeep=Upkeep(embeddings, core.vectors, history),
         model=model,
         pipeline=pipeline,
         chat=ChatService(pipeline, chat_log, core.servers, settings, summaries),
@@ -199,7 +213,8 @@ async def open_services(
             stack.push_async_callback(database.close)
         if embedder is None:
             embedder = await make_embedder(settings)
-        core = MemoryCore(database.pool, embedder, settings, clock, servers=Servers(database.pool, settings))
+        embeddings = Embeddings(database.pool, embedder, settings)
+        core = MemoryCore(database.pool, embeddings, settings, clock, servers=Servers(database.pool, settings))
         services = build_services(core, database, chat_client=chat_client, bot_user_id=bot_user_id)
         stack.push_async_callback(services.model.close)
         stack.push_async_callback(services.summaries.close)

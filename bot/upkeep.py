@@ -27,11 +27,9 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from bot.documents.service import DocumentLibrary, embedding_batch
+from bot.embeddings.providers import EmbeddingError
+from bot.embeddings.service import Embeddings, VectorKind
 from bot.history.service import HistoryIndex
-from bot.item_vectors import ItemVectors
-from bot.memory.embeddings import EmbeddingError
-from bot.memory.recall import MemoryCore
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +76,15 @@ ProgressCallback = Callable[[RebuildProgress], Awaitable[None] | None]
 
 
 class Upkeep:
-    def __init__(self, core: MemoryCore, history: HistoryIndex | None = None, documents: DocumentLibrary | None = None) -> None:
-        self.core = core
-        self.history = history or HistoryIndex(core)
-        self.documents = documents or DocumentLibrary(core)
-        self.items: dict[str, ItemVectors] = {"chunks": self.history.vectors, "passages": self.documents.vectors}
+    """The background pass over every kind of item: `memories` are the memory core's, chunks and passages the
+    embeddings service's own; `history` chunks what left the context windows first."""
+
+    def __init__(self, embeddings: Embeddings, memories: VectorKind, history: HistoryIndex) -> None:
+        self.embeddings = embeddings
+        self.history = history
+        self.kinds: dict[str, VectorKind] = {
+            "memories": memories, "chunks": embeddings.chunks, "passages": embeddings.passages,
+        }
         self.last_error: str | None = None  # the last embedding failure of a pass, until a pass completes
         self._lock = asyncio.Lock()
 
@@ -90,15 +92,16 @@ class Upkeep:
     def busy(self) -> bool:
         return self._lock.locked()
 
+    def request_pass(self) -> None:
+        """Ask the background task for a pass now rather than at the next interval."""
+        self.embeddings.want_vectors()
+
     async def waiting(self) -> dict[str, int]:
         """Items without a vector in the current space, per kind (all zero without an embedder)."""
-        space = await self.core.space_id()
+        space = await self.embeddings.space_id()
         if space is None:
             return dict.fromkeys(KINDS, 0)
-        return {
-            "memories": await self.core.waiting_for_vector(space),
-            **{kind: await vectors.waiting(space) for kind, vectors in self.items.items()},
-        }
+        return {kind: await vectors.waiting(space) for kind, vectors in self.kinds.items()}
 
     async def rebuild(self, progress: ProgressCallback | None = None) -> RebuildProgress:
         """One pass (see the module docstring). Stops at the first embedding failure; the next pass resumes."""
@@ -106,10 +109,10 @@ class Upkeep:
             return await self._pass(progress)
 
     async def _pass(self, progress: ProgressCallback | None) -> RebuildProgress:
-        embedder_space = self.core.embedder.space
+        embedder_space = self.embeddings.space
         state = RebuildProgress(space=str(embedder_space) if embedder_space else "none")
         state.chunks_made = await self.history.chunk_pending()
-        space = await self.core.space_id()
+        space = await self.embeddings.space_id()
         if space is None:
             state.paused = "no embedding provider is configured (EMBEDDING_PROVIDER=none)"
             state.finished = True
@@ -119,17 +122,15 @@ class Upkeep:
             state.counts[kind].total = waiting
         await _call(progress, state)
         try:
-            await self._embed_memories(space, state, progress)
-            for kind in ("chunks", "passages"):
-                await self._embed_items(kind, space, state, progress)
+            for kind, vectors in self.kinds.items():
+                await self._embed(kind, vectors, space, state, progress)
         except EmbeddingError as exc:
             state.paused = str(exc)
             self.last_error = str(exc)
             log.warning("Embedding paused (%s); the next pass resumes: %s", state.summary(), exc)
         else:
             self.last_error = None
-        state.stale_removed = await self.core.drop_stale_vectors(space)
-        for vectors in self.items.values():
+        for vectors in self.kinds.values():
             state.stale_removed += await vectors.drop_stale(space)
         state.finished = True
         if state.done or state.stale_removed:
@@ -137,40 +138,28 @@ class Upkeep:
         await _call(progress, state)
         return state
 
-    async def _embed_memories(self, space: int, state: RebuildProgress, progress: ProgressCallback | None) -> None:
-        """The core's own loop; failures propagate so the pass can say why it paused."""
+    async def _embed(
+        self, kind: str, vectors: VectorKind, space: int, state: RebuildProgress, progress: ProgressCallback | None
+    ) -> None:
+        """The embeddings service's loop; failures propagate so the pass can say why it paused."""
 
         async def after_batch(stored: int) -> None:
-            state.counts["memories"].done += stored
+            state.counts[kind].done += stored
             await _call(progress, state)
 
-        await self.core.embed_waiting_memories(space, after_batch)
-
-    async def _embed_items(self, kind: str, space: int, state: RebuildProgress, progress: ProgressCallback | None) -> None:
-        items = self.items[kind]
-        skipped: set[int] = set()
-        size = embedding_batch(self.core.settings)
-        while True:
-            batch = await items.next_batch(space, size + len(skipped))
-            batch = [(item_id, text) for item_id, text in batch if item_id not in skipped][:size]
-            if not batch:
-                return
-            vectors = await self.core.embedder.embed([text for _, text in batch])
-            gone = await items.store(space, [(item_id, vector) for (item_id, _), vector in zip(batch, vectors, strict=True)])
-            skipped.update(gone)
-            state.counts[kind].done += len(batch) - len(gone)
-            await _call(progress, state)
+        await self.embeddings.fill(vectors, space, after_batch)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Background task: a pass at start, whenever something was stored without a vector, and periodically."""
+        wanted = self.embeddings.wanted
         while not stop.is_set():
             try:
                 await self.rebuild()
             except (OSError, asyncpg.PostgresError) as exc:
                 log.warning("Background vector upkeep failed, will retry: %s", exc)
-            self.core.vectors_wanted.clear()
-            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.core.vectors_wanted.wait())]
-            await asyncio.wait(waiters, timeout=self.core.settings.reembed_interval_s, return_when=asyncio.FIRST_COMPLETED)
+            wanted.clear()
+            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wanted.wait())]
+            await asyncio.wait(waiters, timeout=self.embeddings.settings.reembed_interval_s, return_when=asyncio.FIRST_COMPLETED)
             for waiter in waiters:
                 waiter.cancel()
 

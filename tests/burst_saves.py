@@ -13,13 +13,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder
-from bot.memory.models import Conversation, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder
+from bot.memory.models import Conversation, MemoryList, NewMemory, Source
+from bot.services import memory_core
 
 LIMITS = {"server_memory_limit": 6, "personal_memory_limit": 4, "dormant_after_days": 1}
 
@@ -27,7 +26,7 @@ LIMITS = {"server_memory_limit": 6, "personal_memory_limit": 4, "dormant_after_d
 async def main(url: str) -> None:
     pool = await create_pool(url, max_size=10)
     clock = ManualClock()
-    core = MemoryCore(pool, DeadlineEmbedder(BuiltinEmbedder(), 60.0), Settings().with_overrides(**LIMITS), clock)
+    core = memory_core(pool, DeadlineEmbedder(BuiltinEmbedder(), 60.0), Settings().with_overrides(**LIMITS), clock)
     day = date(2026, 1, 1)
     number = 0
     while True:

@@ -21,11 +21,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import apply_migrations, create_pool, drop_database, with_database
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder, Embedder
-from bot.memory.recall import MemoryCore
+from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder, Embedder
+from bot.memory.service import MemoryCore
+from bot.services import memory_core
 from tests.fakes import FakeChatServer
 from tests.pgbouncer import Bouncer, pgbouncer_binary, running_pgbouncer
 
@@ -173,7 +174,7 @@ def make_core(pool: asyncpg.Pool, builtin_embedder: BuiltinEmbedder, clock: Manu
     async def build(embedder: Embedder | None = None, pool_: asyncpg.Pool | None = None, **overrides: object) -> MemoryCore:
         settings = Settings().with_overrides(**overrides)
         chosen = embedder or DeadlineEmbedder(builtin_embedder, 30.0)
-        return MemoryCore(pool_ or pool, chosen, settings, clock)
+        return memory_core(pool_ or pool, chosen, settings, clock)
 
     return build
 

@@ -27,7 +27,7 @@ import yarl
 from aiohttp import WSMsgType, web
 
 from bot.bot import DeskmateBot
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.services import build_services
 from tests.fakes import serve_locally
 
@@ -104,6 +104,7 @@ class Failure:
     retry_after: float | None = None
     times: int | None = None
     hits: int = 0
+    errors: dict[str, Any] | None = None  # Discord's per-field details of a 400 (code 50035)
 
     def response(self) -> web.Response:
         self.hits += 1
@@ -112,7 +113,10 @@ class Failure:
         if self.status == 429:  # discord.py treats a 429 without a Via header as a Cloudflare ban
             body = {"message": "You are being rate limited.", "retry_after": self.retry_after or 0.1, "global": False}
             return _json(body, status=429, headers={"Via": "1.1 google", "Retry-After": str(int(self.retry_after or 1))})
-        return _json({"message": self.message or f"{self.status} error", "code": self.code}, status=self.status)
+        body: dict[str, Any] = {"message": self.message or f"{self.status} error", "code": self.code}
+        if self.errors is not None:
+            body["errors"] = self.errors
+        return _json(body, status=self.status)
 
 
 def now_iso() -> str:
@@ -316,9 +320,10 @@ class FakeDiscord:
         message: str = "",
         retry_after: float | None = None,
         times: int | None = None,
+        errors: dict[str, Any] | None = None,
     ) -> Failure:
         """Answer `method path` (e.g. "POST", "/channels/1/messages") with an error until removed or `times` ran out."""
-        failure = Failure(method, path, status, code, message, retry_after, times)
+        failure = Failure(method, path, status, code, message, retry_after, times, errors=errors)
         self.failures.append(failure)
         return failure
 

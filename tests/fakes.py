@@ -69,6 +69,7 @@ class ScriptStep:
     calls: list[tuple[str, str]] = field(default_factory=list)  # (tool name, raw JSON arguments)
     status: int = 200
     seconds: float = 0.0
+    until_in_flight: int | None = None  # a stall ends early once this many requests are in flight together
 
 
 class FakeChatServer:
@@ -91,6 +92,7 @@ class FakeChatServer:
         self.max_in_flight = 0
         self._ids = itertools.count(1)
         self._closing = asyncio.Event()
+        self._flight = asyncio.Condition()  # notified when in_flight grows, and on closing
         self._gate: asyncio.Event | None = None  # while set by `hold`: requests wait for `release`
         self._held = asyncio.Condition()
         self.held = 0  # requests that came to the gate since the last `hold`
@@ -113,8 +115,10 @@ class FakeChatServer:
         self.script.append(ScriptStep("error", text=message, status=status))
         return self
 
-    def stall(self, seconds: float, then_text: str = "too late") -> FakeChatServer:
-        self.script.append(ScriptStep("stall", text=then_text, seconds=seconds))
+    def stall(self, seconds: float, then_text: str = "too late", *, until_in_flight: int | None = None) -> FakeChatServer:
+        """Answer `then_text` after `seconds`, or as soon as `until_in_flight` requests are in flight at once: a meeting
+        point for tests about overlap, which waits for the condition instead of hoping a sleep is long enough."""
+        self.script.append(ScriptStep("stall", text=then_text, seconds=seconds, until_in_flight=until_in_flight))
         return self
 
     def raw(self, body: str, status: int = 200) -> FakeChatServer:
@@ -161,6 +165,7 @@ class FakeChatServer:
 
     async def __aexit__(self, *exc: object) -> None:
         self._closing.set()
+        await self._flight_changed()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -182,10 +187,11 @@ class FakeChatServer:
             step = ScriptStep("text", text=self.responder(body) if self.responder else self.default_text)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        await self._flight_changed()
         try:
             if step.kind == "stall":
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._closing.wait(), step.seconds)
+                    await asyncio.wait_for(self._stall_ends(step.until_in_flight), step.seconds)
             else:
                 await asyncio.sleep(0.01)  # long enough for overlapping requests to show up in max_in_flight
         finally:
@@ -201,6 +207,16 @@ class FakeChatServer:
                 for name, arguments in step.calls
             ]
         return self._completion(body, message, "tool_calls" if step.kind == "tools" else "stop")
+
+    async def _stall_ends(self, until_in_flight: int | None) -> None:
+        async with self._flight:
+            await self._flight.wait_for(
+                lambda: self._closing.is_set() or (until_in_flight is not None and self.in_flight >= until_in_flight)
+            )
+
+    async def _flight_changed(self) -> None:
+        async with self._flight:
+            self._flight.notify_all()
 
     def _completion(self, body: dict[str, Any], message: dict[str, Any], finish_reason: str) -> web.Response:
         return web.json_response(

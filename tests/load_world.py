@@ -40,14 +40,13 @@ from aiohttp import web
 
 from bot.chat.messages import IncomingMessage, UserRef
 from bot.chat.reply import ReplyPipeline
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder, EmbeddingSpace
-from bot.memory.models import MemoryList, Source
-from bot.memory.recall import MemoryCore
-from bot.services import build_services
+from bot.embeddings.providers import DeadlineEmbedder, EmbeddingSpace
+from bot.memory.models import MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
+from bot.services import build_services, memory_core
 from tests.fakes import LocalEndpoint
 
 BOT_ID = 9_000_000
@@ -346,7 +345,7 @@ class Worker:
         pool = await create_pool(db_url, max_size=pool_size, statement_cache=statement_cache)
         clock = ManualClock()
         embedder = DeadlineEmbedder(TopicEmbedder(len(World(size).anchors)), settings.embedding_timeout_s)
-        core = MemoryCore(pool, embedder, settings, clock)
+        core = memory_core(pool, embedder, settings, clock)
         pipeline = build_services(core, bot_user_id=BOT_ID).pipeline
         await pipeline.start()
         return cls(core, pipeline, clock, size.concurrency)

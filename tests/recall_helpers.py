@@ -13,11 +13,11 @@ import numpy as np
 
 from bot.chat.messages import IncomingMessage, UserRef
 from bot.chat.reply import ReplyPipeline
+from bot.clock import ManualClock
 from bot.documents.service import DocumentLibrary
+from bot.embeddings.providers import Embedder, EmbeddingError, EmbeddingSpace
 from bot.history.service import HistoryIndex
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import Embedder, EmbeddingError, EmbeddingSpace
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.services import Services, build_services
 from bot.upkeep import Upkeep
 

@@ -6,7 +6,9 @@
 - the pool is touched only by the services and the wiring;
 - Discord is known only to the adapters (the cogs, the bot process, the command reference);
 - the memory core imports nothing above it: only its own package, the servers' settings it reads,
-  and the few shared modules below both.
+  the embeddings service, and the few shared modules below both;
+- chat history and documents are services of their own beside the memory core: they reach the
+  embedder and the current embedding space through the embeddings service, never through `bot.memory`.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ PACKAGES = ("bot", "cogs", "bench")
 # hundreds of thousands of synthetic rows; they read the SQL on purpose.
 STORE_READERS = {"bench.recall", "bench.synth"}
 POOL_HOLDERS = {
-    "bot.db", "bot.services", "bot.item_vectors", "bot.servers.service", "bot.chat.log",
+    "bot.db", "bot.services", "bot.embeddings.service", "bot.servers.service", "bot.chat.log",
     "bot.history.service", "bot.documents.service",
 }
 POOL_HOLDER_PACKAGES = ("bot.memory.", "bot.summaries.")
+# The reply pipeline's adapters of chat history and documents: they read the search's result (`Recall`).
+TAIL_SOURCES = {"bot.history.source", "bot.documents.source"}
 DISCORD_ADAPTERS = {"bot.bot", "bot.tools.commands_doc"}
 BELOW_THE_CORE = (
     "bot.memory", "bot.servers", "bot.config", "bot.db", "bot.errors", "bot.tokens", "bot.redact", "bot.ids", "bot.failures",
-    "bot.embedded", "bot.texts",
+    "bot.embedded", "bot.embeddings", "bot.clock", "bot.lexical", "bot.texts",
 )
 
 
@@ -137,6 +141,17 @@ def test_the_memory_core_imports_nothing_above_it() -> None:
         if target.startswith("bot.memory")
     }
     assert above | servers_on_memory == set()
+
+
+def test_history_and_documents_do_not_reach_into_the_memory_core() -> None:
+    wrong = {
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        if module.startswith(("bot.history.", "bot.documents.", "bot.embeddings.")) and module not in TAIL_SOURCES
+        for target in targets
+        if target == "bot.memory" or target.startswith("bot.memory.")
+    }
+    assert wrong == set()
 
 
 def test_no_module_is_too_long_to_read() -> None:

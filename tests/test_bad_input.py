@@ -27,19 +27,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
+from bot.embeddings.providers import DeadlineEmbedder
 from bot.errors import Refusal
 from bot.memory import store
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder
 from bot.memory.lists import ImportMode, ListRef
 from bot.memory.manage import EXPORT_FORMAT, MemoryManager
 from bot.memory.models import Memory, MemoryList, ScoredMemory, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.memory.visibility import TAG_PATTERN, clean_text
 from bot.prompt import ChatLine, Persona, PromptInput, build_prompt, recalled_item
 from bot.servers.models import Actor
+from bot.services import memory_core
 from tests.load_world import TopicEmbedder
 
 SOAK = os.environ.get("DESKMATE_SOAK") == "1"
@@ -191,7 +192,7 @@ async def import_once(db_url: str, existing: list[str], entries: list[Any], mode
         clock.set_date(date(2026, 7, 1))
         # the topic embedder gives unrelated texts one vector: duplicates by exact text only
         settings = Settings().with_overrides(server_memory_limit=8, personal_memory_limit=8, duplicate_similarity=1.01)
-        core = MemoryCore(pool, fast_embedder(), settings, clock)
+        core = memory_core(pool, fast_embedder(), settings, clock)
         manager = MemoryManager(core)
         ref = await (manager.personal_list(JUNO, GUILD) if personal else manager.server_list(GUILD))
         who = Actor(JUNO if personal else ADMIN, can_manage=True)

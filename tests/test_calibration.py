@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from bot.config import BUILTIN_MODEL, MIN_SIMILARITY_BY_MODEL
-from bot.memory.embeddings import BuiltinEmbedder
+from bot.embeddings.providers import BuiltinEmbedder
 from bot.tools.calibration import (
     DEFAULT_FILE,
     CalibrationError,

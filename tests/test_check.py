@@ -10,10 +10,9 @@ from pathlib import Path
 
 import asyncpg
 
+from bot.clock import ManualClock
 from bot.memory import store
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.models import Conversation, MemoryList, Source
+from bot.memory.models import Conversation, MemoryList, NewMemory, Source
 from tests.conftest import MakeCore
 
 ROOT = Path(__file__).resolve().parents[1]

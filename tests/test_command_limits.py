@@ -16,9 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bot.memory.base import NewMemory
-from bot.memory.models import MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Actor
 from tests.discord_fakes import (
     GENERAL_ID,

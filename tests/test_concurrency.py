@@ -14,13 +14,13 @@ from datetime import date, timedelta
 
 import pytest
 
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder
-from bot.memory.models import Conversation, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.embeddings.providers import DeadlineEmbedder
+from bot.memory.models import Conversation, MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
+from bot.services import memory_core
 from tests.conftest import Route
 
 GUILD, CHANNEL = 10, 20
@@ -54,7 +54,7 @@ async def two_cores(
     cores = []
     for _ in range(2):
         pool = await create_pool(route.url(db_url), max_size=pool_size, statement_cache=route.statement_cache)
-        cores.append(MemoryCore(pool, DeadlineEmbedder(builtin_embedder, 60.0), settings, clock))  # type: ignore[arg-type]
+        cores.append(memory_core(pool, DeadlineEmbedder(builtin_embedder, 60.0), settings, clock))  # type: ignore[arg-type]
     return cores
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bot.config import Settings
 from bot.console import local_id, run_console
-from bot.memory.embeddings import BuiltinEmbedder
+from bot.embeddings.providers import BuiltinEmbedder
 from tests.fakes import FakeChatServer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from PIL import Image
 
 from bot.config import Settings
 from bot.console import run_console
-from bot.memory.embeddings import BuiltinEmbedder
+from bot.embeddings.providers import BuiltinEmbedder
 from tests.fakes import FakeChatServer
 
 

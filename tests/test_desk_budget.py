@@ -13,10 +13,9 @@ from collections import Counter
 from datetime import date, timedelta
 
 from bot.chat.receipts import memory_reasons
+from bot.clock import ManualClock
 from bot.desk_fit import water_fill
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.models import Conversation, Memory, MemoryList, Recall, ScoredMemory, Source
+from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Recall, ScoredMemory, Source
 from bot.prompt import DESK_SHARE, MATCHED_KIND, ChatLine, Persona, PromptInput, build_prompt, recalled_item
 from tests.conftest import MakeCore
 from tests.test_prompt import NOW

@@ -19,13 +19,13 @@ import asyncpg
 import numpy as np
 import pytest
 
+from bot.clock import ManualClock
 from bot.db import create_pool
 from bot.memory import search_store, store
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
 from bot.memory.desk_cache import DeskCache
-from bot.memory.models import Conversation, Memory, MemoryList, Recall, Source
-from bot.memory.recall import MemoryCore, desk_order
+from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Recall, Source
+from bot.memory.recall import desk_order
+from bot.memory.service import MemoryCore
 from bot.servers.models import Actor, Privacy
 from bot.services import build_services
 from tests.conftest import MakeCore, fresh_database
@@ -220,7 +220,7 @@ async def test_cached_core_answers_exactly_like_a_fresh_one(
     await twins.reply(message(CHATTER[0], CARO, JUNO))
     dm = await twins.reply(message("should I make green tea or coffee?", BAU, guild=None, channel=99))
     assert tea.id in desk_ids(dm) or tea.id in [s.memory.id for s in dm.held_back]
-    persona = await twins.cached.persona_id(GUILD)
+    persona = await twins.cached.servers.persona_id(GUILD)
     await twins.on_both(lambda conn: store.set_personal_scope(conn, tea.id, persona, clock.now()))
     assert tea.id not in desk_ids(await twins.reply(message(CHATTER[1], BAU, guild=None, channel=99)))
     assert tea.id in desk_ids(await twins.reply(message(CHATTER[2], BAU, JUNO)))
@@ -290,7 +290,7 @@ async def test_the_cache_is_bounded_and_stays_exact_when_it_evicts(
 ) -> None:
     twins = Twins(make_core, pool, pool_b, {})
     await twins.start()
-    twins.cached.desk_cache = DeskCache(max_memories=5)
+    twins.cached.desk_cache.max_memories = 5
     clock.set_date(DAY1)
     users = list(range(100, 112))
     for user in users:
@@ -309,7 +309,7 @@ async def test_parts_older_than_yesterday_are_not_offered(make_core: MakeCore, c
     clock.set_date(DAY1)
     assert (await core.save(server_memory("Juno's cat is called Mochi"))).ok
     await core.reply_search(message(CHATTER[0]))
-    parts = DeskCache.parts(GUILD, await core.persona_id(GUILD), (JUNO,))
+    parts = DeskCache.parts(GUILD, await core.servers.persona_id(GUILD), (JUNO,))
     assert core.desk_cache.held(parts, DAY1)
     assert core.desk_cache.held(parts, DAY1 + timedelta(days=1))
     assert core.desk_cache.held(parts, DAY1 - timedelta(days=1)) == {}  # a clock moved back: not trusted
@@ -342,6 +342,6 @@ async def test_deleted_memories_and_old_conversations_leave_the_process(
     assert (await core.save(server_memory("Movie night is on Friday"))).ok
     await core.reply_search(message(CHATTER[0]))
     assert held_texts(core) == {"Movie night is on Friday"}
-    other = DeskCache.parts(GUILD + 1, await core.persona_id(GUILD + 1), (JUNO,))
+    other = DeskCache.parts(GUILD + 1, await core.servers.persona_id(GUILD + 1), (JUNO,))
     core.desk_cache.held(other, DAY1 + timedelta(days=3))  # any later look-up sweeps parts no search offered for days
     assert held_texts(core) == set() and len(core.desk_cache) == 0

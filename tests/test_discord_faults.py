@@ -23,9 +23,8 @@ import discord.http
 import pytest
 
 from bot.bot import MAX_RATELIMIT_WAIT_S, DeskmateBot
-from bot.memory.recall import MemoryCore
 from bot.servers.models import Actor
-from bot.services import build_services
+from bot.services import build_services, memory_core
 from cogs.chat import Chat
 from tests.conftest import MakeCore
 from tests.discord_fakes import (
@@ -250,7 +249,8 @@ async def test_shard_settings_reach_the_sharded_client(make_core: MakeCore) -> N
 
     def bot_with(env: dict[str, str]) -> DeskmateBot:
         settings = load_settings(env, dotenv_path=None)
-        return DeskmateBot(build_services(MemoryCore(core.pool, core.embedder, settings, core.clock)), sync_commands=False)
+        services = build_services(memory_core(core.pool, core.embeddings.embedder, settings, core.clock))
+        return DeskmateBot(services, sync_commands=False)
 
     bot = bot_with({"SHARD_COUNT": "4", "SHARD_IDS": "2-3"})
     assert bot.shard_count == 4 and bot.shard_ids == [2, 3]

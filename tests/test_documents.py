@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.chat.receipts import ReplyStatus
+from bot.clock import ManualClock
 from bot.documents.service import PASSAGE_MAX_TOKENS, DocumentLibrary, split_passages
 from bot.errors import Refusal
-from bot.memory.clock import ManualClock
-from bot.memory.recall import MemoryCore
 from bot.servers.models import Actor
+from bot.services import memory_core
 from bot.tokens import count_tokens
 from tests.conftest import MakeCore
 from tests.discord_fakes import ADMIN_PERMISSIONS, GUILD_ID, Person, SlashHarness, slash_harness
@@ -117,10 +117,11 @@ async def test_documents_are_found_and_placed_in_the_tail(
 
 async def test_passages_waiting_for_a_vector_are_embedded_in_the_background(make_core: MakeCore, clock: ManualClock) -> None:
     world = await build_world(make_core, clock)
-    down = FlakyEmbedder(world.core.embedder, ok_calls=0)  # the same space, but the provider is down
-    outage = MemoryCore(world.core.pool, down, world.core.settings, clock)
-    added = await DocumentLibrary(outage).add(GUILD, "handbook.md", HANDBOOK.encode(), Actor(JUNO, can_manage=True))
-    assert added.embedded == 0 and outage.vectors_wanted.is_set()
+    down = FlakyEmbedder(world.core.embeddings.embedder, ok_calls=0)  # the same space, but the provider is down
+    outage = memory_core(world.core.pool, down, world.core.settings, clock)
+    library = DocumentLibrary(outage.pool, outage.embeddings, outage.settings, outage.clock)
+    added = await library.add(GUILD, "handbook.md", HANDBOOK.encode(), Actor(JUNO, can_manage=True))
+    assert added.embedded == 0 and outage.embeddings.wanted.is_set()
     assert (await world.upkeep.waiting())["passages"] == 4
     state = await world.upkeep.rebuild()
     assert state.counts["passages"].done == 4 and (await world.upkeep.waiting())["passages"] == 0

@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from bot.config import Settings
-from bot.memory.base import NewMemory
-from bot.memory.embeddings import BuiltinEmbedder
-from bot.memory.models import MemoryList, Source
+from bot.embeddings.providers import BuiltinEmbedder
+from bot.memory.models import MemoryList, NewMemory, Source
 from tests.conftest import MakeCore
 from tests.recall_helpers import FlakyEmbedder
 

@@ -96,14 +96,25 @@ async def test_the_bot_connects_answers_a_mention_and_stops_on_sigterm(db_url: s
             assert bot.services.core is not None
             memories = await bot.services.core.all_memories()
             assert [(m.text, m.owner_id) for m in memories] == [("Juno has a cat called Mochi", int(JUNO["id"]))]
-            async with bot.services.core.pool.acquire() as conn:
-                stored = await conn.fetchval("SELECT count(*) FROM chat_messages WHERE channel_id = $1", GENERAL_ID)
-            assert stored >= 3  # both of Juno's messages and the bot's own reply, echoed by the gateway
-            assert (tmp_path / "heartbeat").is_file()  # what the Docker healthcheck reads
+            # both of Juno's messages and the bot's own reply, once the gateway has echoed it back (which takes a
+            # moment after the REST call the test saw: wait for it rather than count right away)
+            echoed = next(int(m["id"]) for m in discord_api.messages.values()
+                          if m["author"]["id"] == str(BOT_ID) and m["content"].startswith("Hi Juno!"))
+            for _ in range(600):
+                async with bot.services.core.pool.acquire() as conn:
+                    stored = await conn.fetch("SELECT message_id FROM chat_messages WHERE channel_id = $1", GENERAL_ID)
+                if echoed in {row["message_id"] for row in stored}:
+                    break
+                await asyncio.sleep(0.05)
+            assert {int(quiet["id"]), int(asked["id"]), echoed} <= {row["message_id"] for row in stored}
+            for _ in range(600):  # what the Docker healthcheck reads, written by on_ready in a worker thread
+                if (tmp_path / "heartbeat").is_file():
+                    break
+                await asyncio.sleep(0.05)
+            assert (tmp_path / "heartbeat").is_file()
         finally:
             if not running.done():
-                loop = asyncio.get_running_loop()
-                assert signal.SIGTERM in getattr(loop, "_signal_handlers", {}), "run_bot must handle SIGTERM"
+                assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL, "run_bot must handle SIGTERM"
                 os.kill(os.getpid(), signal.SIGTERM)
             status = await asyncio.wait_for(running, 30)
     assert status == 0

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from bot.config import Settings
-from bot.memory.base import NewMemory
-from bot.memory.embeddings import (
+from bot.embeddings.providers import (
     BuiltinEmbedder,
     DeadlineEmbedder,
     EmbeddingError,
@@ -20,7 +19,7 @@ from bot.memory.embeddings import (
     checked_vectors,
     create_embedder,
 )
-from bot.memory.models import Conversation, MemoryList
+from bot.memory.models import Conversation, MemoryList, NewMemory
 from tests.conftest import MakeCore
 from tests.fakes import FakeEmbeddingsServer
 

@@ -17,10 +17,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from bot.clock import ManualClock
 from bot.memory import store
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.models import Conversation, MemoryList
+from bot.memory.models import Conversation, MemoryList, NewMemory
 from tests.burst_saves import LIMITS
 from tests.conftest import MakeCore, pg_ctl
 

@@ -11,10 +11,11 @@ import asyncpg
 import pytest
 
 from bot.chat.receipts import ReplyStatus
+from bot.clock import ManualClock
 from bot.history import store as history_store
 from bot.history.service import CHUNK_MAX_MESSAGES, ChatRow, plan_chunks
-from bot.memory.clock import ManualClock
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
+from bot.services import memory_core
 from bot.tokens import count_tokens
 from tests.conftest import MakeCore
 from tests.fakes import FakeChatServer
@@ -105,7 +106,7 @@ async def test_a_chunk_pulled_back_into_the_window_is_not_recalled(world: World)
     await world.upkeep.rebuild()
     [one, two] = await chunk_rows(world.core.pool)
     assert set(one["message_ids"]) == {m.message_id for m in first}
-    vector = (await world.core.embedder.embed([two["text"]]))[0]
+    vector = (await world.core.embeddings.embedder.embed([two["text"]]))[0]
 
     async def found(answered: int) -> list[int]:
         search = await world.history.search(channel_id=CHANNEL, answered_message_id=answered, query_vector=vector)
@@ -151,7 +152,8 @@ async def test_recall_adds_the_matching_chunk_within_the_budget(world: World, ch
 
 async def _same_core(world: World, **overrides: object) -> MemoryCore:
     """A core on the same database and embedder with other settings (a second process, as it were)."""
-    return MemoryCore(world.core.pool, world.core.embedder, world.core.settings.with_overrides(**overrides), world.clock)
+    settings = world.core.settings.with_overrides(**overrides)
+    return memory_core(world.core.pool, world.core.embeddings.embedder, settings, world.clock)
 
 
 async def test_history_recall_switch_is_per_channel_and_storing_goes_on(world: World, chat: FakeChatServer) -> None:

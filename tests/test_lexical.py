@@ -13,10 +13,10 @@ from datetime import timedelta
 
 import pytest
 
-from bot.memory.clock import ManualClock
-from bot.memory.lexical import lexical_query
+from bot.clock import ManualClock
+from bot.lexical import lexical_query
 from bot.memory.models import ScoredMemory
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from tests.conftest import MakeCore
 from tests.test_rules import DAY1, chat_days, message, save_ok, server_memory
 

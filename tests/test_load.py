@@ -41,7 +41,7 @@ import pytest
 
 from bot.db import create_pool
 from bot.memory import store
-from bot.services import build_services
+from bot.services import build_services, memory_core
 from tests.conftest import Route, fresh_database
 from tests.load_world import (
     START,
@@ -351,8 +351,7 @@ async def test_two_shard_groups_share_the_database_and_answer_only_their_own_ser
     does), and every message is answered exactly once, with both bots on one PostgreSQL."""
     from bot.bot import DeskmateBot
     from bot.config import load_settings
-    from bot.memory.embeddings import DeadlineEmbedder
-    from bot.memory.recall import MemoryCore
+    from bot.embeddings.providers import DeadlineEmbedder
     from tests.discord_fakes import BOT_ID, BOT_USER, Call, FakeDiscord, channel_payload, guild_payload, message_payload
     from tests.discord_fakes import user_payload as user
     from tests.fakes import FakeChatServer
@@ -366,7 +365,7 @@ async def test_two_shard_groups_share_the_database_and_answer_only_their_own_ser
                                       "CHAT_MODEL": "fake-model", "DATA_DIR": str(tmp_path)}, dotenv_path=None)
             pool = await create_pool(db_url, max_size=4)
             pools.append(pool)
-            core = MemoryCore(pool, DeadlineEmbedder(builtin_embedder, 30.0), settings)  # type: ignore[arg-type]
+            core = memory_core(pool, DeadlineEmbedder(builtin_embedder, 30.0), settings)  # type: ignore[arg-type]
             bot = DeskmateBot(build_services(core), sync_commands=False, guild_ready_timeout=0.1)
             bots.append(bot)
             tasks.append(asyncio.create_task(bot.start("fake-token")))

@@ -10,16 +10,14 @@ import numpy as np
 import pytest
 
 from bot.chat import log_store
+from bot.embeddings.providers import EmbeddingError, EmbeddingSpace
 from bot.errors import InvalidInput, Refusal
-from bot.memory.base import NewMemory
-from bot.memory.embeddings import EmbeddingError, EmbeddingSpace
 from bot.memory.lists import ImportMode, Scope, VectorStatus, looks_like_instruction, split_tags
 from bot.memory.manage import EXPORT_FORMAT, MemoryManager, count_tokens
-from bot.memory.models import Conversation, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Conversation, MemoryList, NewMemory, Source
 from bot.servers import store as servers_store
 from bot.servers.models import Actor, Privacy
-from bot.services import build_services
+from bot.services import build_services, memory_core
 
 GUILD, OTHER_GUILD = 10, 20
 ADMIN, JUNO, MAX = 1, 2, 3
@@ -100,7 +98,7 @@ async def test_search_semantic_then_text_fallback(make_core, builtin_embedder) -
     assert result.items[0].similarity is not None
 
     counters_before = [m.days_unused for m in await mgr.core.all_memories()]
-    down = MemoryManager(MemoryCore(mgr.core.pool, DownEmbedder(builtin_embedder.space), mgr.core.settings, mgr.core.clock))
+    down = MemoryManager(memory_core(mgr.core.pool, DownEmbedder(builtin_embedder.space), mgr.core.settings, mgr.core.clock))
     fallback = await down.search(ref, "MOCHI")
     assert not fallback.semantic and "plain text" in (fallback.note or "")
     assert [v.memory.text for v in fallback.items] == ["Juno's cat is called Mochi"]
@@ -276,7 +274,10 @@ async def test_user_data_export_and_delete(make_core) -> None:
     json.dumps(data)
 
     counts = await build_services(mgr.core).delete_user_data(JUNO)
-    assert counts == {"personal_memories": 2, "authored_server_memories": 1, "settings": 1, "chat_messages": 1, "summaries": 0}
+    assert counts == {
+        "personal_memories": 2, "authored_server_memories": 1, "settings": 1, "chat_messages": 1, "summaries": 0,
+        "memory_versions": 0,
+    }
     left = await core.all_memories()
     assert sorted(m.text for m in left) == ["Juno organised the meetup", "Max likes coffee"]
     assert all(m.created_by != JUNO for m in left)

@@ -19,9 +19,8 @@ import pytest
 from bot.chat.messages import IncomingMessage
 from bot.chat.notices import ChangeKind
 from bot.chat.reply import ReplyPipeline
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.models import MemoryList, Source
+from bot.clock import ManualClock
+from bot.memory.models import MemoryList, NewMemory, Source
 from bot.servers.models import Actor, Privacy
 from bot.services import build_services
 from tests.conftest import MakeCore

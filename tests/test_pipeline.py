@@ -19,10 +19,9 @@ from bot.chat.reply import APOLOGY, TOO_LARGE, ReplyPipeline
 from bot.chat.service import ChatService
 from bot.chat.sources import TailReport
 from bot.chat.triggers import Trigger
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.models import MemoryList, Recall, Source
-from bot.memory.recall import MemoryCore
+from bot.clock import ManualClock
+from bot.memory.models import MemoryList, NewMemory, Recall, Source
+from bot.memory.service import MemoryCore
 from bot.outgoing import ZERO_WIDTH_SPACE
 from bot.prompt import TailItem
 from bot.servers.models import Actor, Privacy
@@ -412,7 +411,8 @@ async def test_no_chat_model_shows_what_would_have_been_sent(
 
 async def test_one_reply_at_a_time_per_channel(make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock) -> None:
     pipeline = await make_pipeline()
-    chat.stall(0.3, "first").stall(0.3, "second")
+    # each answer waits for a second request in flight, which must not come while one for this channel is
+    chat.stall(0.5, "first", until_in_flight=2).stall(0.5, "second", until_in_flight=2)
     same = await asyncio.gather(
         pipeline.reply(message(JUNO, "one", clock=clock)), pipeline.reply(message(SAM, "two", clock=clock))
     )
@@ -420,7 +420,7 @@ async def test_one_reply_at_a_time_per_channel(make_pipeline: MakePipeline, chat
     assert chat.max_in_flight == 1
     # the second reply saw the first message in its context window
     assert any("one" in m["content"] for m in chat.messages()[1:-1])
-    chat.stall(0.3, "a").stall(0.3, "b")
+    chat.stall(60, "a", until_in_flight=2).stall(60, "b", until_in_flight=2)  # two channels: they meet, however slow
     await asyncio.gather(
         pipeline.reply(message(JUNO, "three", clock=clock)),
         pipeline.reply(message(SAM, "four", clock=clock, channel=OTHER_CHANNEL)),

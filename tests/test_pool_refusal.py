@@ -13,12 +13,11 @@ import asyncpg
 import pytest
 
 from bot.chat.receipts import ReplyStatus
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder
-from bot.memory.recall import MemoryCore
-from bot.services import build_services
+from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder
+from bot.services import build_services, memory_core
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import BOT, GUILD, JUNO, message
 
@@ -72,7 +71,7 @@ async def test_concurrent_replies_wait_for_a_pooled_connection(limited_url: str,
     async with FakeChatServer() as chat:
         settings = Settings().with_overrides(chat_base_url=chat.base_url, chat_model="fake-model", chat_timeout_s=30.0)
         clock = ManualClock()
-        core = MemoryCore(pool, DeadlineEmbedder(builtin_embedder, 30.0), settings, clock)
+        core = memory_core(pool, DeadlineEmbedder(builtin_embedder, 30.0), settings, clock)
         pipeline = build_services(core, bot_user_id=BOT).pipeline
         await pipeline.start()
         channels = itertools.count(7_000)

@@ -35,15 +35,14 @@ from bot.chat.messages import IncomingMessage, UserRef
 from bot.chat.model import MAX_CALLS_PER_ANSWER
 from bot.chat.notices import ChangeKind
 from bot.chat.reply import ReplyOutcome, ReplyPipeline
+from bot.clock import ManualClock
 from bot.documents.service import DocumentLibrary
+from bot.embeddings.providers import DeadlineEmbedder
 from bot.history.service import HistoryIndex
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder
 from bot.memory.lists import ImportMode, Scope
 from bot.memory.manage import MemoryManager
-from bot.memory.models import Memory, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Memory, MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Actor, Privacy
 from bot.services import build_services
 from tests.conftest import MakeCore
@@ -451,8 +450,9 @@ async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: 
                     core.clock.current += timedelta(hours=1)  # a pause closes the first chunk
                 author, name = (GONE, NAME) if number % 2 else (STAYS, "Sam")
                 await pipeline.chat_log.record(said(author, name, f"chatter {number} {MARKER if author == GONE else ''}"))
-            assert await HistoryIndex(core).chunk_pending() > 0
-            await DocumentLibrary(core).add(PLAIN, "rules.md", b"# Rules\nBe kind to each other.\n", Actor(GONE, can_manage=True))
+            assert await HistoryIndex(core.pool, core.embeddings, core.settings).chunk_pending() > 0
+            library = DocumentLibrary(core.pool, core.embeddings, core.settings, core.clock)
+            await library.add(PLAIN, "rules.md", b"# Rules\nBe kind to each other.\n", Actor(GONE, can_manage=True))
             ids_before = [m.id for m in await core.all_memories() if m.owner_id == GONE]
             assert len(ids_before) >= 5
 

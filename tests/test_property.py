@@ -16,13 +16,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import create_pool
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder
-from bot.memory.models import Conversation, MemoryList, Rejection, Source
-from bot.memory.recall import MemoryCore
+from bot.embeddings.providers import DeadlineEmbedder
+from bot.memory.models import Conversation, MemoryList, NewMemory, Rejection, Source
+from bot.services import memory_core
 from tests.test_rules import FlakyEmbedder
 
 GUILD, CHANNEL = 10, 20
@@ -178,7 +177,7 @@ async def replay(db_url: str, embedder: object, similarity: np.ndarray, history:
             dormant_after_days=DORMANT_AFTER, max_used=MAX_USED, server_memory_limit=SERVER_LIMIT,
             personal_memory_limit=PERSONAL_LIMIT,
         )
-        core = MemoryCore(pool, flaky, settings_, clock)
+        core = memory_core(pool, flaky, settings_, clock)
         model = Model(similarity, threshold)
         for step in history:
             if step[0] == "day":

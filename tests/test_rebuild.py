@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bot.clock import ManualClock
+from bot.embeddings.providers import DeadlineEmbedder, EmbeddingSpace
 from bot.history.service import HistoryIndex
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import DeadlineEmbedder, EmbeddingSpace
-from bot.memory.models import Conversation, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Conversation, MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Actor
+from bot.services import memory_core
 from bot.upkeep import Upkeep
 from tests.conftest import MakeCore
 from tests.discord_fakes import (
@@ -50,7 +50,7 @@ async def in_new_space(world: World, embedder: FlakyEmbedder, clock: ManualClock
     """The same database seen by a bot whose EMBEDDING_MODEL changed."""
 
     async def core(**settings: object) -> MemoryCore:
-        return MemoryCore(world.core.pool, DeadlineEmbedder(embedder, 30.0), world.core.settings.with_overrides(
+        return memory_core(world.core.pool, DeadlineEmbedder(embedder, 30.0), world.core.settings.with_overrides(
             **settings, **overrides), clock)
 
     return await build_world(core, clock)
@@ -64,17 +64,17 @@ async def test_rebuild_across_two_spaces_resumes_where_it_stopped(make_core: Mak
     await old.documents.add(GUILD, "handbook.md", HANDBOOK, Actor(JUNO, can_manage=True))
     first = await old.upkeep.rebuild()
     assert first.counts["chunks"].done == 2 and first.paused is None
-    old_space = await old.core.space_id()
+    old_space = await old.core.embeddings.space_id()
     assert await vector_counts(old) == {
         "memory_vectors": {old_space: 3}, "history_chunk_vectors": {old_space: 2}, "document_passage_vectors": {old_space: 2}
     }
 
     # the model changes; the provider fails after two requests (2 memories, then 1): the pass pauses
-    flaky = FlakyEmbedder(old.core.embedder, space=NEW_SPACE, ok_calls=2)
+    flaky = FlakyEmbedder(old.core.embeddings.embedder, space=NEW_SPACE, ok_calls=2)
     new = await in_new_space(old, flaky, clock, embedding_batch_size=2, context_messages=6)
     seen: list[tuple[int, int]] = []
     paused = await new.upkeep.rebuild(lambda state: seen.append((state.done, state.total)))
-    new_space = await new.core.space_id()
+    new_space = await new.core.embeddings.space_id()
     assert new_space != old_space
     assert paused.paused and "provider is down" in paused.paused and new.upkeep.last_error == paused.paused
     assert (paused.counts["memories"].done, paused.counts["chunks"].done, paused.counts["passages"].done) == (3, 0, 0)
@@ -94,7 +94,7 @@ async def test_rebuild_across_two_spaces_resumes_where_it_stopped(make_core: Mak
     assert recall.search_ok is False  # the provider is still down: a failed search, nothing changes
 
     # the provider is back: a new pass (a restart, the background task, or the command) does only what is left
-    resumed = FlakyEmbedder(old.core.embedder, space=NEW_SPACE)
+    resumed = FlakyEmbedder(old.core.embeddings.embedder, space=NEW_SPACE)
     again = await in_new_space(old, resumed, clock, embedding_batch_size=2, context_messages=6)
     done = await again.upkeep.rebuild()
     assert done.paused is None and again.upkeep.last_error is None
@@ -136,9 +136,9 @@ async def test_a_cancelled_rebuild_leaves_nothing_half_done(make_core: MakeCore,
         await old.core.save(
             NewMemory(MemoryList.SERVER, f"Server fact {number}", by=JUNO, via=Source.COMMAND, guild_id=GUILD, by_can_manage=True)
         )
-    stalling = Stalling(FlakyEmbedder(old.core.embedder, space=NEW_SPACE), ok_calls=2)
-    core = MemoryCore(old.core.pool, stalling, old.core.settings.with_overrides(embedding_batch_size=2), clock)
-    upkeep = Upkeep(core, HistoryIndex(core))
+    stalling = Stalling(FlakyEmbedder(old.core.embeddings.embedder, space=NEW_SPACE), ok_calls=2)
+    core = memory_core(old.core.pool, stalling, old.core.settings.with_overrides(embedding_batch_size=2), clock)
+    upkeep = Upkeep(core.embeddings, core.vectors, HistoryIndex(core.pool, core.embeddings, core.settings))
     task = asyncio.create_task(upkeep.rebuild())
     await asyncio.wait_for(stalling.stalled.wait(), 30)
     assert upkeep.busy
@@ -148,16 +148,16 @@ async def test_a_cancelled_rebuild_leaves_nothing_half_done(make_core: MakeCore,
     assert not upkeep.busy
     assert (await upkeep.waiting())["memories"] == 1  # two batches of two were stored; the third never was
 
-    fresh = FlakyEmbedder(old.core.embedder, space=NEW_SPACE)
-    core = MemoryCore(old.core.pool, fresh, old.core.settings.with_overrides(embedding_batch_size=2), clock)
-    state = await Upkeep(core, HistoryIndex(core)).rebuild()
+    fresh = FlakyEmbedder(old.core.embeddings.embedder, space=NEW_SPACE)
+    core = memory_core(old.core.pool, fresh, old.core.settings.with_overrides(embedding_batch_size=2), clock)
+    state = await Upkeep(core.embeddings, core.vectors, HistoryIndex(core.pool, core.embeddings, core.settings)).rebuild()
     assert state.paused is None and fresh.texts == ["Server fact 4"]
     await old.pipeline.close()
 
 
 async def test_python_m_bot_reembed(db_url: str, tmp_path: Path, make_core: MakeCore, clock: ManualClock) -> None:
     world = await build_world(make_core, clock)
-    down = MemoryCore(world.core.pool, FlakyEmbedder(world.core.embedder, ok_calls=0), world.core.settings, clock)
+    down = memory_core(world.core.pool, FlakyEmbedder(world.core.embeddings.embedder, ok_calls=0), world.core.settings, clock)
     saved = await down.save(NewMemory(MemoryList.SERVER, "Juno's cat is called Mochi", by=JUNO, via=Source.COMMAND,
                                       guild_id=GUILD, by_can_manage=True))
     assert saved.saved is not None and (await world.upkeep.waiting())["memories"] == 1
@@ -193,7 +193,7 @@ async def harness(make_core: MakeCore) -> AsyncIterator[SlashHarness]:
 
 async def test_settings_embeddings_rebuild_shows_progress_in_an_edited_message(harness: SlashHarness, clock: ManualClock) -> None:
     core: MemoryCore = harness.bot.services.core  # type: ignore[attr-defined]
-    down = MemoryCore(core.pool, FlakyEmbedder(core.embedder, ok_calls=0), core.settings, clock)
+    down = memory_core(core.pool, FlakyEmbedder(core.embeddings.embedder, ok_calls=0), core.settings, clock)
     for text in ("Juno's cat is called Mochi", "Game night is on Fridays"):
         await down.save(NewMemory(MemoryList.SERVER, text, by=1, via=Source.COMMAND, guild_id=GUILD_ID, by_can_manage=True))
     refused = await harness.run(harness.slash("settings embeddings rebuild", Person(102, "Juno")))

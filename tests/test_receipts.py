@@ -16,13 +16,13 @@ from PIL import Image
 from bot.chat.messages import UserRef
 from bot.chat.receipts import Receipt, ReplyStatus
 from bot.chat.reply import ReplyPipeline
+from bot.clock import ManualClock
 from bot.config import Settings
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, create_embedder
-from bot.memory.models import MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.embeddings.providers import BuiltinEmbedder, create_embedder
+from bot.memory.models import MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Actor
+from bot.services import memory_core
 from bot.tools.chart import buckets, days_unused_chart
 from tests.conftest import MakeCore
 from tests.discord_fakes import ADMIN_PERMISSIONS, GENERAL_ID, GUILD_ID, Person, SlashHarness, slash_harness
@@ -143,7 +143,7 @@ async def test_receipts_say_when_the_search_failed_or_the_budget_was_full(
         assert full.receipt.sources["history"]["note"] == "the history budget was full (HISTORY_TOKEN_BUDGET 20)"
         assert (full.receipt.nothing_added_because or "").startswith("the budget was full")
 
-        down = FlakyEmbedder(world.core.embedder, ok_calls=0)
+        down = FlakyEmbedder(world.core.embeddings.embedder, ok_calls=0)
         failing = await build_world(
             lambda **kw: _core(world.core, down, **kw), clock, chat.base_url, context_messages=6
         )
@@ -162,7 +162,7 @@ async def test_receipts_say_when_the_search_failed_or_the_budget_was_full(
 
 
 async def _core(core: MemoryCore, embedder: FlakyEmbedder, **overrides: object) -> MemoryCore:
-    return MemoryCore(core.pool, embedder, core.settings.with_overrides(**overrides), core.clock)
+    return memory_core(core.pool, embedder, core.settings.with_overrides(**overrides), core.clock)
 
 
 def test_chart_buckets_and_png() -> None:

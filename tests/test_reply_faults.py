@@ -20,15 +20,14 @@ from bot.chat.messages import IncomingMessage
 from bot.chat.notices import ChangeKind
 from bot.chat.receipts import ReplyStatus
 from bot.chat.reply import APOLOGY, EMPTY_ANSWER, ReplyPipeline
+from bot.clock import ManualClock
 from bot.config import Settings
+from bot.embeddings.providers import BuiltinEmbedder, create_embedder
 from bot.memory import store
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, create_embedder
-from bot.memory.models import MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Actor
-from bot.services import build_services
+from bot.services import build_services, memory_core
 from tests.fakes import FakeChatServer, FakeEmbeddingsServer
 
 GUILD, CHANNEL, JUNO = 500, 600, 101
@@ -58,7 +57,7 @@ async def test_embedder_garbage_mid_reply_changes_no_counter_and_forgets_nothing
         embedding_timeout_s=0.5, chat_base_url=chat.base_url, chat_model="fake-model", chat_timeout_s=10.0,
         server_memory_limit=3, dormant_after_days=1,
     )
-    core = MemoryCore(pool, create_embedder(settings), settings, clock)  # type: ignore[arg-type]
+    core = memory_core(pool, create_embedder(settings), settings, clock)  # type: ignore[arg-type]
     pipeline = build_services(core, bot_user_id=9000).pipeline
     await pipeline.start()
     try:

@@ -18,10 +18,9 @@ from aiohttp import web
 
 from bot.chat import log_store
 from bot.chat.receipts import ReplyStatus
+from bot.clock import ManualClock
 from bot.config import Settings
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import (
+from bot.embeddings.providers import (
     BuiltinEmbedder,
     DeadlineEmbedder,
     EmbeddingError,
@@ -29,7 +28,7 @@ from bot.memory.embeddings import (
     MicroBatchingEmbedder,
     create_embedder,
 )
-from bot.memory.models import Conversation, MemoryList
+from bot.memory.models import Conversation, MemoryList, NewMemory
 from bot.servers import store as servers_store
 from bot.servers.models import Actor
 from bot.services import build_services
@@ -142,14 +141,15 @@ async def test_a_failed_batch_during_concurrent_replies_ages_and_resets_nothing(
 ) -> None:
     model = CountingModel(builtin_embedder, fail_if="how is Mochi?", delay=0.05)
     core = await make_core(embedder=DeadlineEmbedder(MicroBatchingEmbedder(model), 30))
-    await core.persona_id(GUILD), await core.space_id()  # looked up once: both searches then embed in the same tick
+    # looked up once: both searches then embed in the same tick
+    await core.servers.persona_id(GUILD), await core.embeddings.space_id()
     clock.set_date(date(2026, 1, 1))
     for text in ("Juno's cat is called Mochi", "The raid is on Thursday"):
         assert (await core.save(NewMemory(MemoryList.SERVER, text, by=JUNO, guild_id=GUILD, by_can_manage=True))).saved
     clock.set_date(date(2026, 1, 3))
     before = [tuple(row) for row in await pool.fetch("SELECT id, days_unused, last_aged_on, last_used_at FROM memories")]
     calls = len(model.batches)  # saving embedded the memories
-    await core.persona_id(GUILD + 1)
+    await core.servers.persona_id(GUILD + 1)
     recalls = await asyncio.gather(  # "hi" in another server, whose search touches none of these memories
         core.reply_search(Conversation(GUILD, CHANNEL, JUNO, "how is Mochi?")),
         core.reply_search(Conversation(GUILD + 1, CHANNEL + 1, JUNO, "hi")),

@@ -12,11 +12,10 @@ import asyncpg
 import numpy as np
 import pytest
 
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import EmbeddingError, EmbeddingSpace, NoEmbedder
-from bot.memory.models import Conversation, Memory, MemoryList, Rejection, Source
-from bot.memory.recall import MemoryCore
+from bot.clock import ManualClock
+from bot.embeddings.providers import EmbeddingError, EmbeddingSpace, NoEmbedder
+from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Rejection, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Actor, Privacy
 from tests.conftest import MakeCore
 
@@ -439,7 +438,7 @@ async def test_embedder_down_changes_nothing_and_saves_wait_for_their_vector(
     assert await core.all_memories() == before  # no counter changed
     waiting = await save_ok(core, server_memory(MINECRAFT))
     assert await pool.fetchval("SELECT count(*) FROM memory_vectors WHERE memory_id = $1", waiting.id) == 0
-    assert core.vectors_wanted.is_set()
+    assert core.embeddings.wanted.is_set()
 
     flaky.available = True
     clock.set_date(last + timedelta(days=2))

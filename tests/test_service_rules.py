@@ -13,10 +13,10 @@ import pytest
 
 from bot.config import Settings
 from bot.console import run_console
+from bot.embeddings.providers import BuiltinEmbedder
 from bot.errors import InvalidInput, NotAllowed
-from bot.memory.embeddings import BuiltinEmbedder
 from bot.memory.manage import MemoryManager
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.prompt import HeadSummary, _fit_summaries
 from bot.servers.models import Actor
 from bot.servers.rules import LORE_MAX_CHARS, MAX_AUTO_REPLY_CHANNELS, MAX_LORE_ENTRIES, PERSONA_PROMPT_MAX_CHARS

@@ -13,9 +13,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.bot import DeskmateBot
-from bot.memory.base import NewMemory
-from bot.memory.models import MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Privacy
 from bot.services import build_services
 from tests.conftest import MakeCore

@@ -12,10 +12,11 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
-from bot.config import load_settings, redact_url, url_secrets
+from bot.config import ConfigError, load_settings, redact_url, url_secrets
 from bot.ids import MAX_ID, parse_id
 from bot.redact import Redactor, secrets_of
 
@@ -38,6 +39,17 @@ def one_sentence(done: subprocess.CompletedProcess[str], *names: str) -> str:
     assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
     assert any(name in lines[0] for name in names), lines[0]
     return lines[0]
+
+
+def test_no_warning_about_xdg_runtime_dir(tmp_path: Path) -> None:
+    """Docker and service managers start the bot without a login session, so without XDG_RUNTIME_DIR: the embedded
+    server's library used to warn about it on every command."""
+    base = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "XDG_RUNTIME_DIR")}
+    env = {**base, "DATA_DIR": str(tmp_path / "data"), "LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "bot", "check"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "", done.stderr
 
 
 def test_data_dir_that_is_a_file(tmp_path: Path) -> None:
@@ -147,3 +159,72 @@ def test_shard_numbers_start_at_zero() -> None:
     assert parse_id("0", "SHARD_IDS", minimum=0) == 0
     settings = load_settings({"SHARD_COUNT": "4", "SHARD_IDS": "0-1, 3"}, dotenv_path=None)
     assert settings.shard_ids == (0, 1, 3)
+
+
+@pytest.mark.parametrize("password", ["p@ss/w:rd#1 %x", "100%", "a?b&c=d", "ünïcødé"])
+async def test_database_password_is_used_as_written(password: str, pg_server_url: str, tmp_path: Path) -> None:
+    """docker-compose.yml used to paste POSTGRES_PASSWORD into DATABASE_URL: `@`, `/`, `#` or `%` broke the URL.
+    DATABASE_PASSWORD is taken as written: a role with that password logs in over TCP with password auth."""
+    import asyncpg
+
+    role = f"deskmate_pw_{abs(hash(password)) % 10**8}"
+    admin = await asyncpg.connect(pg_server_url)
+    try:
+        host = await admin.fetchval("SELECT inet_server_addr()")
+        port = await admin.fetchval("SELECT current_setting('port')")
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await admin.execute(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{password.replace(chr(39), chr(39) * 2)}'")
+        settings = load_settings({"DATABASE_URL": f"postgresql://{role}@127.0.0.1:{port}/postgres",
+                                  "DATABASE_PASSWORD": password}, dotenv_path=None)
+        assert f":{quote(password, safe='')}@" in (settings.database_url or "")  # URL-encoded in the URL
+        assert secrets_of(settings) and password in secrets_of(settings)  # and masked wherever it shows up as written
+        if host is None:  # the test server listens on a Unix socket only: check how asyncpg reads the URL
+            from asyncpg.connect_utils import _parse_connect_dsn_and_args
+
+            params = _parse_connect_dsn_and_args(
+                dsn=settings.database_url, host=None, port=None, user=None, password=None, passfile=None, database=None,
+                ssl=None, direct_tls=None, server_settings=None, target_session_attrs=None, krbsrvname=None, gsslib=None,
+                service=None, servicefile=None)[1]
+            assert (params.user, params.password) == (role, password)
+        else:
+            connection = await asyncpg.connect(settings.database_url)
+            assert await connection.fetchval("SELECT current_user") == role
+            await connection.close()
+    finally:
+        await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await admin.close()
+
+
+def test_database_password_in_one_place_only() -> None:
+    with pytest.raises(ConfigError, match="DATABASE_URL has a password too"):
+        load_settings({"DATABASE_URL": "postgresql://u:one@h/db", "DATABASE_PASSWORD": "two"}, dotenv_path=None)
+    with pytest.raises(ConfigError, match="DATABASE_URL is not"):
+        load_settings({"DATABASE_PASSWORD": "two"}, dotenv_path=None)
+    same = load_settings({"DATABASE_URL": "postgresql://u@h/db?sslmode=disable", "DATABASE_PASSWORD": ""}, dotenv_path=None)
+    assert same.database_url == "postgresql://u@h/db?sslmode=disable"
+    assert load_settings({"DATABASE_URL": "postgresql://u:@h/db", "DATABASE_PASSWORD": "a b"},
+                         dotenv_path=None).database_url == "postgresql://u:a%20b@h/db"
+
+
+def test_a_published_default_password_never_masks_the_bots_name() -> None:
+    """The old compose default was "deskmate": masking it turned "Connected as deskmate" into "Connected as ***" and
+    told every reader of the log the password anyway. A real password is still masked."""
+    public = Redactor(secrets_of(load_settings({"DATABASE_URL": "postgresql://deskmate:deskmate@db/deskmate"},
+                                               dotenv_path=None)))
+    assert public("Connected as deskmate (id 1)") == "Connected as deskmate (id 1)"
+    private = Redactor(secrets_of(load_settings({"DATABASE_URL": "postgresql://deskmate@db/deskmate",
+                                                 "DATABASE_PASSWORD": "s3cret-pw"}, dotenv_path=None)))
+    assert private("login with s3cret-pw failed") == "login with *** failed"
+
+
+@pytest.mark.skipif(not Path("/proc").is_mount(), reason="needs a mount point to stand for the image's volume")
+def test_a_data_dir_off_the_images_volume_is_warned_about(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """In the image, /data is a volume; an .env saying DATA_DIR=./data would keep everything in the container."""
+    from bot.__main__ import _warn_if_lost_with_the_container
+
+    _warn_if_lost_with_the_container(tmp_path / "data", volume=Path("/proc"))  # /proc stands for the mounted /data
+    warned = capsys.readouterr().err
+    assert warned.startswith("warning: DATA_DIR") and "lost with the container" in warned and warned[-1] == "\n"
+    for quiet in ((Path("/proc/data"), Path("/proc")), (tmp_path / "data", tmp_path)):  # on the volume; no volume
+        _warn_if_lost_with_the_container(*quiet)
+        assert capsys.readouterr().err == ""

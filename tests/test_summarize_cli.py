@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from bot.memory.clock import ManualClock
+from bot.clock import ManualClock
 from tests.conftest import MakeCore
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import CHANNEL, JUNO, OTHER_CHANNEL, SAM, build_world

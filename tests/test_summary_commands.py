@@ -8,7 +8,7 @@ from datetime import UTC, date, datetime, time, timedelta
 
 import pytest
 
-from bot.memory.clock import ManualClock
+from bot.clock import ManualClock
 from bot.summaries.models import Status
 from bot.summaries.service import ChannelSummaries
 from tests.conftest import MakeCore

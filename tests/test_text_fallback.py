@@ -18,12 +18,12 @@ import pytest
 
 from bot.chat.receipts import Receipt, ReplyStatus
 from bot.chat.sources import BY_TEXT
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import NoEmbedder
-from bot.memory.models import Conversation, Memory, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.clock import ManualClock
+from bot.embeddings.providers import NoEmbedder
+from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Actor, Privacy
+from bot.services import memory_core
 from tests.conftest import MakeCore
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import CHANNEL, GUILD, HIKE, JUNO, OTHER_CHANNEL, RIN, SAM, FlakyEmbedder, World, build_world
@@ -49,11 +49,11 @@ async def world(make_core: MakeCore, clock: ManualClock, chat: FakeChatServer) -
 
 async def embedder_down(world: World, chat: FakeChatServer, **overrides: object) -> World:
     """A second pipeline on the same database and clock whose embedder is down (the same embedding space)."""
-    down = FlakyEmbedder(world.core.embedder, ok_calls=0)
+    down = FlakyEmbedder(world.core.embeddings.embedder, ok_calls=0)
     settings = world.core.settings
 
     async def core(**more: object) -> MemoryCore:
-        return MemoryCore(world.core.pool, down, settings.with_overrides(**{**more, **overrides}), world.clock)
+        return memory_core(world.core.pool, down, settings.with_overrides(**{**more, **overrides}), world.clock)
 
     return await build_world(core, world.clock, chat.base_url, context_messages=6)
 

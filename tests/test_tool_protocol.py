@@ -27,9 +27,8 @@ from bot.chat.model import MAX_CALLS_PER_ANSWER
 from bot.chat.notices import ChangeKind
 from bot.chat.receipts import ReplyStatus
 from bot.chat.reply import ReplyOutcome, ReplyPipeline
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.models import MemoryList, Source
+from bot.clock import ManualClock
+from bot.memory.models import MemoryList, NewMemory, Source
 from bot.services import build_services
 from tests.conftest import MakeCore
 from tests.fakes import FakeChatServer, serve_locally

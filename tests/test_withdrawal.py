@@ -201,7 +201,7 @@ async def test_older_chat_holding_someone_blocked_or_fully_private_is_never_reca
     await world.say(GAMES + CHATTER)
     await world.history.chunk_pending()
     await world.upkeep.rebuild()
-    vector = (await world.core.embedder.embed(["how long was that hike with the marmots?"]))[0]
+    vector = (await world.core.embeddings.embedder.embed(["how long was that hike with the marmots?"]))[0]
 
     async def recalled() -> str:
         latest = (await world.core.pool.fetchval("SELECT max(message_id) FROM chat_messages WHERE channel_id = $1", CHANNEL))

@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 
 from bot.chat import log_store as store
-from bot.chat.messages import IncomingMessage
+from bot.chat.messages import IncomingMessage, storable
 from bot.db import Connection
 
 
@@ -46,6 +46,8 @@ class ChatLog:
             created_at=message.created_at,
             names=names,
             parent_channel_id=None if message.private_thread else message.parent_channel_id,
+            author_can_manage=message.author_can_manage,
+            private_thread=message.private_thread,
         )
 
     async def record_and_read_window(
@@ -85,7 +87,7 @@ class ChatLog:
     async def edit(self, channel_id: int, message_id: int, text: str, edited_at: datetime) -> bool:
         """An edited message: the new text (its history chunk goes, and is rebuilt in the background)."""
         async with self.pool.acquire() as conn:
-            return await store.edit_chat_message(conn, channel_id, message_id, text, edited_at)
+            return await store.edit_chat_message(conn, channel_id, message_id, storable(text), edited_at)
 
     async def delete(self, channel_id: int, message_ids: Sequence[int]) -> int:
         """Deleted messages (and the history chunks they were part of)."""

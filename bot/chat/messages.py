@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 
+def storable(text: str) -> str:
+    """`text` without NUL characters, which PostgreSQL's text type cannot hold: a message carrying one (a console
+    line, a Discord-compatible server that passes them on) is kept and answered without them, never refused."""
+    return text.replace("\x00", "") if "\x00" in text else text
+
+
 @dataclass(frozen=True)
 class UserRef:
     id: int
@@ -38,6 +44,14 @@ class IncomingMessage:
     reply_to: int | None = None
     mentions: tuple[UserRef, ...] = ()
     where: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("text", "author_name", "where"):
+            value = getattr(self, name)
+            if "\x00" in value:
+                object.__setattr__(self, name, storable(value))
+        if any("\x00" in user.name for user in self.mentions):
+            object.__setattr__(self, "mentions", tuple(UserRef(u.id, storable(u.name), u.is_bot) for u in self.mentions))
 
     @property
     def is_dm(self) -> bool:

@@ -28,7 +28,7 @@ from bot.chat.sources import SummarySource, TailSource
 from bot.chat.tools import MemoryTools, ToolContext
 from bot.config import Settings
 from bot.memory.models import Conversation, Recall
-from bot.memory.recall import MemoryCore
+from bot.memory.service import MemoryCore
 from bot.outgoing import neutralize_broadcasts, neutralize_mentions, split_message
 from bot.prompt import (
     ChatLine,

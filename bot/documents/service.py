@@ -20,16 +20,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
 import numpy as np
 
+from bot.clock import Clock
 from bot.config import Settings
 from bot.db import Connection
 from bot.documents import store
+from bot.embeddings.providers import EmbeddingError
+from bot.embeddings.service import Embeddings, split_at_threshold
 from bot.errors import InvalidInput
-from bot.item_vectors import ItemVectors
-from bot.memory.embeddings import EmbeddingError
-from bot.memory.lexical import lexical_query
-from bot.memory.recall import MemoryCore, split_at_threshold
+from bot.lexical import lexical_query
 from bot.servers.models import Actor
 from bot.servers.rules import require_manager
 from bot.tokens import count_tokens, encoding
@@ -45,11 +46,6 @@ HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s+")
 
 
-
-
-def embedding_batch(settings: Settings) -> int:
-    """Passages and chunks are several times longer than memories: smaller batches keep each call under its deadline."""
-    return max(1, settings.embedding_batch_size // 4)
 
 
 def clean_name(filename: str) -> str:
@@ -201,14 +197,11 @@ def _hit(row: Any, *, by_text: bool = False) -> DocumentHit:
 class DocumentLibrary:
     """Add, list, delete and search a server's documents."""
 
-    def __init__(self, core: MemoryCore) -> None:
-        self.core = core  # embedding spaces, the embedder and the clock
-        self.pool = core.pool
-        self.vectors = ItemVectors(core.pool, "passage")
-
-    @property
-    def settings(self) -> Settings:
-        return self.core.settings
+    def __init__(self, pool: asyncpg.Pool, embeddings: Embeddings, settings: Settings, clock: Clock) -> None:
+        self.pool = pool
+        self.embeddings = embeddings  # the current embedding space (passages' vectors are its own)
+        self.settings = settings
+        self.clock = clock
 
     def check_upload(self, actor: Actor, size: int) -> None:
         """Before a file is read (adapters read at most DOCUMENT_MAX_BYTES + 1 bytes of it): Manage Server, and the size."""
@@ -236,7 +229,7 @@ class DocumentLibrary:
                 size_bytes=len(raw),
                 sha256=hashlib.sha256(raw).hexdigest(),
                 added_by=actor.user_id,
-                created_at=self.core.clock.now().astimezone(UTC),
+                created_at=self.clock.now().astimezone(UTC),
                 passages=passages,
             )
         embedded = await self._embed_document(document_id)
@@ -244,28 +237,24 @@ class DocumentLibrary:
 
     async def _embed_document(self, document_id: int) -> int:
         """Embed a new document's passages in batches; stop at the first failure (the background task goes on later)."""
-        space = await self.core.space_id()
+        space = await self.embeddings.space_id()
         if space is None:
             return 0
-        async with self.pool.acquire() as conn:
-            items = await store.document_passages_for_embedding(conn, document_id)
         done = 0
-        size = embedding_batch(self.settings)
-        for start in range(0, len(items), size):
-            batch = items[start : start + size]
-            try:
-                vectors = await self.core.embedder.embed([text for _, text in batch])
-            except EmbeddingError as exc:
-                log.warning("Document %s: embedding paused after %d of %d passages: %s", document_id, done, len(items), exc)
-                self.core.vectors_wanted.set()
-                break
-            pairs = [(passage_id, vector) for (passage_id, _), vector in zip(batch, vectors, strict=True)]
-            gone = await self.vectors.store(space, pairs)
-            done += len(batch) - len(gone)
+
+        async def count(stored: int) -> None:
+            nonlocal done
+            done += stored
+
+        try:
+            await self.embeddings.fill(self.embeddings.passages_of(document_id), space, count)
+        except EmbeddingError as exc:
+            log.warning("Document %s: embedding paused after %d passages: %s", document_id, done, exc)
+            self.embeddings.want_vectors()
         return done
 
     async def list(self, guild_id: int) -> list[DocumentInfo]:
-        space = await self.core.space_id()
+        space = await self.embeddings.space_id()
         async with self.pool.acquire() as conn:
             rows = await store.documents_of_guild(conn, guild_id, space)
         return [
@@ -291,7 +280,7 @@ class DocumentLibrary:
 
     async def search(self, guild_id: int, query_vector: np.ndarray) -> DocumentSearch:
         """The passages of this server's documents that match the reply's query embedding (never embeds itself)."""
-        space = await self.core.space_id()
+        space = await self.embeddings.space_id()
         if space is None:
             return DocumentSearch([], 0, None)
         async with self.pool.acquire() as conn:

@@ -12,8 +12,7 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
-from bot.item_vectors import VECTOR_KINDS
-from bot.memory.lexical import any_word_query_cte
+from bot.lexical import any_word_query_cte
 
 
 async def insert_document(
@@ -44,14 +43,6 @@ async def insert_document(
         [(document_id, guild_id, ordinal, section, text) for ordinal, (section, text) in enumerate(passages)],
     )
     return document_id, replaced.endswith(" 1")
-
-
-async def document_passages_for_embedding(conn: Connection, document_id: int) -> list[tuple[int, str]]:
-    items, _, _, text = VECTOR_KINDS["passage"]
-    rows = await conn.fetch(
-        f"SELECT i.id, {text} AS text FROM {items} i WHERE i.document_id = $1 ORDER BY i.ordinal", document_id
-    )
-    return [(row["id"], row["text"]) for row in rows]
 
 
 async def documents_of_guild(conn: Connection, guild_id: int, space: int | None) -> list[asyncpg.Record]:

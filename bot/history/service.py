@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
 import numpy as np
 
 from bot.config import Settings
 from bot.db import Connection
+from bot.embeddings.service import Embeddings, split_at_threshold
 from bot.history import store
-from bot.item_vectors import ItemVectors
-from bot.memory.lexical import lexical_query
-from bot.memory.recall import MemoryCore, split_at_threshold
+from bot.lexical import lexical_query
 from bot.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -169,14 +169,10 @@ def _hit(row: Any, *, by_text: bool = False) -> HistoryHit:
 class HistoryIndex:
     """Chunking (background) and per-reply search of older channel messages."""
 
-    def __init__(self, core: MemoryCore) -> None:
-        self.core = core  # embedding spaces, the embedder and the clock
-        self.pool = core.pool
-        self.vectors = ItemVectors(core.pool, "chunk")
-
-    @property
-    def settings(self) -> Settings:
-        return self.core.settings
+    def __init__(self, pool: asyncpg.Pool, embeddings: Embeddings, settings: Settings) -> None:
+        self.pool = pool
+        self.embeddings = embeddings  # the current embedding space (chunks' vectors are its own)
+        self.settings = settings
 
     # --- background: chunking ----------------------------------------------------------------
 
@@ -238,7 +234,7 @@ class HistoryIndex:
         parent_channel_id: int | None = None,
     ) -> HistorySearch:
         """The chunks of this channel that match the reply's query embedding (never embeds anything itself)."""
-        space = await self.core.space_id()
+        space = await self.embeddings.space_id()
         if not await self.recall_enabled(channel_id, parent_channel_id):
             return HistorySearch(enabled=False, hits=[], searched=0, best_below=None)
         if space is None:
@@ -284,7 +280,7 @@ class HistoryIndex:
 
     async def overview(self, channel_id: int) -> dict[str, int]:
         """Chunks of a channel, how many are embedded in the current space, messages in no chunk yet."""
-        space = await self.core.space_id()
+        space = await self.embeddings.space_id()
         async with self.pool.acquire() as conn:
             row = await store.history_overview(conn, channel_id, space)
         return dict(row)

@@ -14,7 +14,7 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
-from bot.memory.lexical import any_word_query_cte
+from bot.lexical import any_word_query_cte
 
 
 async def channels_with_pending_history(conn: Connection, context_messages: int, limit: int) -> list[int]:

@@ -11,16 +11,31 @@ from collections.abc import Sequence
 from datetime import UTC
 from typing import Any
 
+import asyncpg
+
+from bot.clock import Clock
+from bot.config import Settings
 from bot.db import Connection
+from bot.embeddings.service import Embeddings
 from bot.errors import NotAllowed, NotFound
-from bot.memory import store
-from bot.memory.base import MemoryBase, log
-from bot.memory.embeddings import EmbeddingError
+from bot.memory import store, versions_store
+from bot.memory.desk_cache import DeskCache
 from bot.memory.lists import ImportEntry, ListRef
 from bot.memory.models import Memory, MemoryList
 
 
-class BulkWrites(MemoryBase):
+class BulkWrites:
+    """Imports, scope moves and a user's memories for export or deletion."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, embeddings: Embeddings, settings: Settings, clock: Clock, desk_cache: DeskCache
+    ) -> None:
+        self.pool = pool
+        self.embeddings = embeddings
+        self.settings = settings
+        self.clock = clock
+        self.desk_cache = desk_cache
+
     async def set_tags(self, memory_id: int, tags: Sequence[str]) -> Memory:
         async with self.pool.acquire() as conn, conn.transaction():
             await store.set_memory_tags(conn, memory_id, tags, self.clock.now())
@@ -44,21 +59,6 @@ class BulkWrites(MemoryBase):
                 )
         return moved
 
-    async def _embed_all(self, texts: Sequence[str]) -> list[Any]:
-        """Vectors for what can be embedded now; the rest wait for the background re-embedder."""
-        vectors: list[Any] = [None] * len(texts)
-        if self.embedder.space is None:
-            return vectors
-        size = self.settings.embedding_batch_size
-        for start in range(0, len(texts), size):
-            try:
-                batch = await self.embedder.embed(list(texts[start : start + size]))
-            except EmbeddingError as exc:
-                log.warning("Import: embedding paused after %d of %d memories: %s", start, len(texts), exc)
-                break
-            vectors[start : start + len(batch)] = list(batch)
-        return vectors
-
     async def import_entries(
         self, ref: ListRef, plan_entries: Sequence[ImportEntry], *, replace: bool, by: int, limit: int
     ) -> tuple[list[int], int, int, int]:
@@ -69,9 +69,10 @@ class BulkWrites(MemoryBase):
         the Global memories and those tied to this persona). A result over `limit` is refused, never trimmed.
         """
         target = ref.widened() if ref.list == MemoryList.PERSONAL else ref
-        vectors = await self._embed_all([entry.text for entry in plan_entries])
+        # what can be embedded now is; the rest waits for the background re-embedder
+        vectors = await self.embeddings.embed_available([entry.text for entry in plan_entries], "imported memories")
         entries = list(zip(plan_entries, vectors, strict=True))
-        space = await self.space_id()
+        space = await self.embeddings.space_id()
         now = self.clock.now().astimezone(UTC)
         removed_ids: list[int] = []
         async with self.pool.acquire() as conn, conn.transaction():
@@ -112,7 +113,7 @@ class BulkWrites(MemoryBase):
                         embedded += 1
         self.desk_cache.discard(removed_ids)
         if space is not None and embedded < len(ids):
-            self.vectors_wanted.set()
+            self.embeddings.want_vectors()
         return ids, len(removed_ids), skipped, embedded
 
     async def _refuse_over_limit(self, conn: Connection, ref: ListRef, where: str, args: list[Any], limit: int) -> None:
@@ -135,13 +136,18 @@ class BulkWrites(MemoryBase):
 
     async def export_user(self, conn: Connection, user_id: int) -> dict[str, Any]:
         """A user's memories for export-my-data (inside the caller's snapshot): rows, for the command layer to shape."""
+        personal = await store.user_personal_memories(conn, user_id)
+        versions = await versions_store.versions_of_memories(conn, [row["id"] for row in personal])
         return {
-            "personal": await store.user_personal_memories(conn, user_id),
+            "personal": personal,
             "authored": await store.user_authored_server_memories(conn, user_id),
+            "versions": {memory_id: [v.as_export() for v in found] for memory_id, found in versions.items()},
         }
 
     async def forget_user(self, conn: Connection, user_id: int) -> dict[str, int]:
-        """A user's part of delete-my-data among memories (inside the caller's transaction)."""
-        counts = await store.forget_user_memories(conn, user_id)
+        """A user's part of delete-my-data among memories and their versions (inside the caller's transaction; the
+        caller has locked the person, so a day-end note about them in flight waits, then finds them gone)."""
+        versions = await versions_store.forget_user_versions(conn, user_id)
+        counts = await store.forget_user_memories(conn, user_id) | {"memory_versions": versions}
         self.desk_cache.discard_owner(user_id)
         return counts

@@ -17,11 +17,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.config import Settings
+from bot.embeddings.providers import EmbeddingError
 from bot.errors import Refusal
 from bot.memory import command_rights as rights
 from bot.memory import store
-from bot.memory.base import NewMemory
-from bot.memory.embeddings import EmbeddingError
+from bot.memory.history import MemoryHistory
 from bot.memory.lists import (
     ImportMode,
     ImportPlan,
@@ -34,8 +34,8 @@ from bot.memory.lists import (
     SearchResult,
     VectorStatus,
 )
-from bot.memory.models import Memory, MemoryList, SaveResult, Source
-from bot.memory.recall import MemoryCore
+from bot.memory.models import Memory, MemoryList, NewMemory, SaveResult, Source
+from bot.memory.service import MemoryCore
 from bot.memory.transfer import EXPORT_FORMAT, EXPORT_VERSION, parse_import
 from bot.memory.visibility import normalize_tags
 from bot.servers.models import Actor
@@ -60,6 +60,7 @@ class MemoryManager:
     def __init__(self, core: MemoryCore, *, import_max_bytes: int = DEFAULT_IMPORT_MAX_BYTES) -> None:
         self.core = core
         self.import_max_bytes = import_max_bytes
+        self.versions = MemoryHistory(core)  # each memory's earlier texts: history, restore, exports
 
     @property
     def settings(self) -> Settings:
@@ -68,11 +69,11 @@ class MemoryManager:
     # --- which list -------------------------------------------------------------------------
 
     async def server_list(self, guild_id: int) -> ListRef:
-        return ListRef(MemoryList.SERVER, await self.core.persona_id(guild_id), guild_id=guild_id)
+        return ListRef(MemoryList.SERVER, await self.core.servers.persona_id(guild_id), guild_id=guild_id)
 
     async def personal_list(self, owner_id: int, guild_id: int | None, scope: Scope = Scope.ALL) -> ListRef:
         """The owner's personal list as seen where the command runs (a DM sees the default persona)."""
-        persona = await self.core.persona_id(guild_id)
+        persona = await self.core.servers.persona_id(guild_id)
         return ListRef(MemoryList.PERSONAL, persona, guild_id=guild_id, owner_id=owner_id, scope=scope)
 
     def limit_of(self, ref: ListRef) -> int:
@@ -88,7 +89,7 @@ class MemoryManager:
 
     async def page(self, ref: ListRef, number: int, size: int = 10) -> Page:
         """Page `number` (0-based, clamped to the last page) of a list, oldest memory first."""
-        space = await self.core.space_id()
+        space = await self.core.embeddings.space_id()
         where, args = ref.filter()
         async with self.core.pool.acquire() as conn:
             total = await store.count_list(conn, where, args)
@@ -118,7 +119,7 @@ class MemoryManager:
         query = query.strip()
         if not query:
             raise Refusal("type something to search for")
-        space = await self.core.space_id()
+        space = await self.core.embeddings.space_id()
         where, args = ref.filter()
         note: str | None = None
         vector = None
@@ -126,7 +127,7 @@ class MemoryManager:
             note = "no embedding model is configured, so this is a plain text search"
         else:
             try:
-                vector = (await self.core.embedder.embed([query]))[0]
+                vector = (await self.core.embeddings.embedder.embed([query]))[0]
             except EmbeddingError as exc:
                 log.warning("Search embedding failed: %s", exc)
                 note = "the embedding model is unavailable right now, so this is a plain text search"
@@ -155,14 +156,14 @@ class MemoryManager:
         """Counts for the memory viewer. `embedding_problem` is the background embedder's last failure, if any:
         memories without a vector then count as "embedding unavailable" rather than "waiting for vector"."""
         ref = ref.widened() if ref.list == MemoryList.PERSONAL else ref
-        space = await self.core.space_id()
+        space = await self.core.embeddings.space_id()
         where, args = ref.filter()
         async with self.core.pool.acquire() as conn:
             rows = await store.list_state_rows(conn, where, args, space=space)
         dormant_after = self.settings.dormant_after_days
         decay = self.core.decay_active
         desk = [row for row in rows if not (decay and row["days_unused"] >= dormant_after)]
-        space_text = str(self.core.embedder.space) if self.core.embedder.space else "none (EMBEDDING_PROVIDER=none)"
+        space_text = str(self.core.embeddings.space) if self.core.embeddings.space else "none (EMBEDDING_PROVIDER=none)"
         without = sum(1 for row in rows if not row["has_vector"])
         unavailable_reason = "no embedding provider is configured" if space is None else embedding_problem
         return ListStats(
@@ -258,7 +259,7 @@ class MemoryManager:
 
     # --- export and import --------------------------------------------------------------------
 
-    def _export_entry(self, memory: Memory) -> dict[str, Any]:
+    def _export_entry(self, memory: Memory, versions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "text": memory.text,
             "tags": list(memory.tags),
@@ -276,6 +277,8 @@ class MemoryManager:
                 "created_at": _iso(memory.created_at),
             }
         )
+        if versions:
+            entry["versions"] = versions
         return entry
 
     async def export(self, ref: ListRef, actor: Actor) -> dict[str, Any]:
@@ -285,6 +288,7 @@ class MemoryManager:
         where, args = ref.filter()
         async with self.core.pool.acquire() as conn:
             memories = await store.list_memories(conn, where, args)
+        versions = await self.versions.for_export([m.id for m in memories])
         doc: dict[str, Any] = {
             "format": EXPORT_FORMAT,
             "version": EXPORT_VERSION,
@@ -295,7 +299,7 @@ class MemoryManager:
             doc["server_id"] = str(ref.guild_id)
         else:
             doc["scope"] = ref.scope.value
-        doc["memories"] = [self._export_entry(memory) for memory in memories]
+        doc["memories"] = [self._export_entry(memory, versions.get(memory.id)) for memory in memories]
         return doc
 
     @staticmethod
@@ -338,7 +342,7 @@ class MemoryManager:
         """A user's memories in the export-my-data format, from `MemoryCore.export_user`'s rows."""
         memories = []
         for row in rows["personal"]:
-            entry = self._export_entry(Memory.from_row(row))
+            entry = self._export_entry(Memory.from_row(row), rows["versions"].get(row["id"]))
             if row["persona_id"] is not None:
                 guild = row["persona_guild_id"]
                 entry["persona"] = {"server_id": str(guild) if guild is not None else None, "name": row["persona_name"]}

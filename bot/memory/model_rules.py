@@ -8,9 +8,12 @@ or `full`. Each refusal is one sentence the model reads as its tool result.
 from __future__ import annotations
 
 from bot.db import Connection
-from bot.memory.base import NewMemory, _rejected
-from bot.memory.models import MemoryList, Rejection, SaveResult
+from bot.memory.models import MemoryList, NewMemory, Rejection, SaveResult
 from bot.servers.service import Servers
+
+
+def _rejected(reason: Rejection, detail: str) -> SaveResult:
+    return SaveResult(saved=None, forgotten=[], rejected=reason, detail=detail)
 
 
 async def model_save_refusal(servers: Servers, conn: Connection, request: NewMemory) -> SaveResult | None:

@@ -1,43 +1,31 @@
 """The per-reply search: one embedding of the latest message, then one statement that reads, scores and ages.
 
-`MemoryCore` is the memory service: this search, and (inherited from `MemoryWrites`) every change to
-memories. Adapters and the other services call it with plain values; SQL lives in `store` and
-`search_store`. The rules are in docs/memory-rules.md.
+SQL lives in `search_store`; the rules are in docs/memory-rules.md ("The search on every reply").
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
 from datetime import UTC, date
-from typing import Any
 
+import asyncpg
+
+from bot.clock import Clock, utc_now
+from bot.config import Settings
 from bot.db import SERVER_STARTS
-from bot.memory import search_store, store
-from bot.memory.bulk import BulkWrites
+from bot.embeddings.service import Embeddings
+from bot.lexical import lexical_query
+from bot.memory import search_store
+from bot.memory.decay import Decay
 from bot.memory.desk_cache import DeskCache, prompt_order
-from bot.memory.lexical import lexical_query
+from bot.memory.desk_ranks import DeskRanks
 from bot.memory.models import Conversation, Memory, Recall, ScoredMemory
-from bot.memory.vectors import MemoryVectors
 from bot.memory.visibility import context_words
-from bot.memory.writes import MemoryWrites
+from bot.servers.service import Servers
 
 log = logging.getLogger(__name__)
 
 NEVER = 2**31 - 1  # "days_unused below this" = every memory, for the desk when nothing decays
-
-
-def split_at_threshold(
-    rows: Sequence[Mapping[str, Any]], threshold: float, limit: int
-) -> tuple[list[Mapping[str, Any]], float | None]:
-    """Search rows (best first) scoring at least `threshold`, at most `limit` of them, and the best score under it.
-
-    Chat history and documents search the same way; the best score under the threshold is what a
-    receipt shows when nothing was relevant enough.
-    """
-    kept = [row for row in rows if float(row["similarity"]) >= threshold][:limit]
-    below = [float(row["similarity"]) for row in rows if float(row["similarity"]) < threshold]
-    return kept, max(below) if below else None
 
 
 def desk_order(memories: list[Memory]) -> list[Memory]:
@@ -45,9 +33,31 @@ def desk_order(memories: list[Memory]) -> list[Memory]:
     return sorted(memories, key=prompt_order)
 
 
-class MemoryCore(MemoryWrites, BulkWrites, MemoryVectors):
-    """The memory service: the per-reply search (here), every change to memories (`MemoryWrites`, `BulkWrites`)
-    and their vectors (`MemoryVectors`)."""
+class ReplySearch:
+    """The search every reply runs, with the desk cache it shares with the writes and the desk's day-frozen ranks."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        embeddings: Embeddings,
+        settings: Settings,
+        clock: Clock,
+        servers: Servers,
+        decay: Decay,
+        desk_cache: DeskCache,
+    ) -> None:
+        self.pool = pool
+        self.embeddings = embeddings
+        self.settings = settings
+        self.clock = clock
+        self.servers = servers
+        self.decay = decay
+        # desk memories already built, so each reply's search returns only what changed (exact:
+        # checked against row versions by the statement; see bot/memory/desk_cache.py)
+        self.desk_cache = desk_cache
+        self._server_starts = SERVER_STARTS.changes
+        # which desk memories the prompt keeps first when the desk outgrows its budget (frozen per chat day)
+        self.desk_ranks = DeskRanks()
 
     def was_on_desk_this_morning(self, memory: Memory, today: date) -> bool:
         """DESK_REFRESH=daily: whether the memory was active when today's first reply began.
@@ -64,11 +74,11 @@ class MemoryCore(MemoryWrites, BulkWrites, MemoryVectors):
 
     async def reply_search(self, conversation: Conversation) -> Recall:
         """One embedding of the latest message, then one statement that reads, scores and ages."""
-        persona = await self.persona_id(conversation.guild_id)
-        space = await self.space_id()
-        vector, failure = await self._embed_one(conversation.text)
-        now, today = self._now()
-        decays = self.decay_active
+        persona = await self.servers.persona_id(conversation.guild_id)
+        space = await self.embeddings.space_id()
+        vector, failure = await self.embeddings.embed_one(conversation.text)
+        now, today = utc_now(self.clock)
+        decays = self.decay.active
         daily = decays and self.settings.desk_refresh == "daily"
         dormant_after = self.settings.dormant_after_days
         parts = DeskCache.parts(conversation.guild_id, persona, conversation.participants)
@@ -182,7 +192,3 @@ class MemoryCore(MemoryWrites, BulkWrites, MemoryVectors):
             log.exception("The text fallback for memories failed; the reply goes on without it")
             return []
         return [ScoredMemory(Memory.from_row(row), float(row["rank"])) for row in rows]
-
-    async def all_memories(self) -> list[Memory]:
-        async with self.pool.acquire() as conn:
-            return await store.all_memories(conn)

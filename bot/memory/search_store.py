@@ -17,8 +17,8 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
+from bot.lexical import LexicalQuery, any_word_query_cte
 from bot.memory.hiding_sql import SEARCHABLE_LISTS, VISIBILITY_CTES, not_hidden
-from bot.memory.lexical import LexicalQuery, any_word_query_cte
 from bot.memory.store import MEMORY_COLUMNS
 
 # Locking and performance notes (measured by `make bench`, see BENCHMARKS.md):

@@ -16,7 +16,6 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
-from bot.memory.embeddings import EmbeddingSpace
 from bot.memory.hiding_sql import SEARCHABLE_LISTS, VISIBILITY_CTES, not_hidden
 from bot.memory.models import Conversation, Memory, MemoryList, Source
 from bot.memory.visibility import context_words
@@ -41,16 +40,6 @@ def normalized_text(text: str) -> str:
 def text_hash(text: str) -> str:
     """Identifies the text a vector was computed from."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
-
-
-async def space_id(conn: Connection, space: EmbeddingSpace) -> int:
-    return await conn.fetchval(
-        "INSERT INTO embedding_spaces (provider, base_url, model) VALUES ($1, $2, $3)"
-        " ON CONFLICT (provider, base_url, model) DO UPDATE SET provider = EXCLUDED.provider RETURNING id",
-        space.provider,
-        space.base_url,
-        space.model,
-    )
 
 
 async def store_vector(conn: Connection, memory_id: int, space: int, vector: np.ndarray, text: str) -> bool:
@@ -111,6 +100,10 @@ async def get_memory(conn: Connection, memory_id: int, *, for_update: bool = Fal
 
 async def all_memories(conn: Connection) -> list[Memory]:
     return [Memory.from_row(row) for row in await conn.fetch(f"SELECT {MEMORY_COLUMNS} FROM memories ORDER BY id")]
+
+
+async def count_memories(conn: Connection) -> int:
+    return await conn.fetchval("SELECT count(*) FROM memories")
 
 
 async def count_server_list(conn: Connection, guild_id: int, persona_id: int) -> int:
@@ -567,3 +560,25 @@ async def count_as_used(conn: Connection, memory_id: int, now: datetime, today: 
         dormant_after,
     )
     return Memory.from_row(row)
+
+
+async def vector_of(conn: Connection, memory_id: int, space: int) -> np.ndarray | None:
+    """A memory's vector in `space`, or None while it waits for one."""
+    found = await conn.fetchval("SELECT embedding FROM memory_vectors WHERE memory_id = $1 AND space_id = $2", memory_id, space)
+    if found is None:
+        return None
+    return np.asarray(found.to_numpy() if hasattr(found, "to_numpy") else found, dtype=np.float32)
+
+
+async def set_memory_sources(conn: Connection, memory_id: int, sources: Sequence[tuple[int, int, int]]) -> None:
+    """The (channel, message, author) a memory's text came from (day-end notes), replacing what was recorded."""
+    await conn.execute("DELETE FROM memory_sources WHERE memory_id = $1", memory_id)
+    if sources:
+        await conn.execute(
+            "INSERT INTO memory_sources (memory_id, channel_id, message_id, author_id)"
+            " SELECT $1, c, m, a FROM unnest($2::bigint[], $3::bigint[], $4::bigint[]) AS s (c, m, a) ON CONFLICT DO NOTHING",
+            memory_id,
+            [source[0] for source in sources],
+            [source[1] for source in sources],
+            [source[2] for source in sources],
+        )

@@ -1,44 +1,53 @@
-"""Memories' vectors in the current embedding space, and the integrity check of the stored memories.
+"""Memories' vectors in the current embedding space: memories as one kind of item the embeddings service fills.
 
-A memory saved while the embedder was down waits for its vector; these fill them in batches (the
-background rebuild drives them) and drop vectors of other spaces once nothing waits.
+A memory saved while the embedder was down waits for its vector; the background rebuild fills them
+in with the embeddings service's one loop, and vectors of other spaces go once nothing waits.
+A vector is stored only if the memory still has the text it was computed from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Sequence
 
+import asyncpg
+
+from bot.embeddings.providers import EmbeddingError
+from bot.embeddings.service import Embeddings, Vector
 from bot.memory import store
-from bot.memory.base import MemoryBase, log
-from bot.memory.embeddings import EmbeddingError
+
+log = logging.getLogger(__name__)
 
 
-class MemoryVectors(MemoryBase):
-    async def embed_waiting_memories(self, space: int, after_batch: Callable[[int], Awaitable[None]] | None = None) -> None:
-        """Embed, in batches, every memory without a vector in `space`; raises EmbeddingError.
+class MemoryVectors:
+    """Memories as a `VectorKind`: what waits for a vector, storing vectors, dropping those of old spaces."""
 
-        The one loop behind the background rebuild (which reports why it paused) and
-        `reembed_missing`. `after_batch` gets how many memories of the batch got their vector; a
-        memory edited or deleted meanwhile is skipped and picked up (or gone) on the next pass.
-        """
-        skipped: set[int] = set()
-        size = self.settings.embedding_batch_size
-        while True:
-            async with self.pool.acquire() as conn:
-                batch = await store.memories_waiting_for_vector(conn, space, size + len(skipped))
-            batch = [(memory_id, text) for memory_id, text in batch if memory_id not in skipped][:size]
-            if not batch:
-                return
-            vectors = await self.embedder.embed([text for _, text in batch])
-            stored = 0
-            async with self.pool.acquire() as conn, conn.transaction():
-                for (memory_id, text), vector in zip(batch, vectors, strict=True):
-                    if await store.store_vector(conn, memory_id, space, vector, text):
-                        stored += 1
-                    else:
-                        skipped.add(memory_id)
-            if after_batch is not None:
-                await after_batch(stored)
+    long_texts = False
+
+    def __init__(self, pool: asyncpg.Pool, embeddings: Embeddings) -> None:
+        self.pool = pool
+        self.embeddings = embeddings
+
+    async def waiting(self, space: int) -> int:
+        async with self.pool.acquire() as conn:
+            return await store.count_waiting_for_vector(conn, space)
+
+    async def next_batch(self, space: int, limit: int) -> list[tuple[int, str]]:
+        async with self.pool.acquire() as conn:
+            return await store.memories_waiting_for_vector(conn, space, limit)
+
+    async def store(self, space: int, vectors: Sequence[tuple[int, str, Vector]]) -> list[int]:
+        """One transaction per batch; a memory edited or deleted meanwhile is not stored."""
+        changed: list[int] = []
+        async with self.pool.acquire() as conn, conn.transaction():
+            for memory_id, text, vector in vectors:
+                if not await store.store_vector(conn, memory_id, space, vector, text):
+                    changed.append(memory_id)
+        return changed
+
+    async def drop_stale(self, keep_space: int) -> int:
+        async with self.pool.acquire() as conn:
+            return await store.delete_stale_vectors(conn, keep_space)
 
     async def reembed_missing(self) -> int:
         """Give every memory a vector in the current space, stopping quietly if the provider fails.
@@ -46,7 +55,7 @@ class MemoryVectors(MemoryBase):
         Returns how many memories got a vector; once none is left waiting, vectors of other spaces
         go (they are never searched).
         """
-        space = await self.space_id()
+        space = await self.embeddings.space_id()
         if space is None:
             return 0
         done = 0
@@ -56,29 +65,9 @@ class MemoryVectors(MemoryBase):
             done += stored
 
         try:
-            await self.embed_waiting_memories(space, count)
+            await self.embeddings.fill(self, space, count)
         except EmbeddingError as exc:
             log.warning("Re-embedding paused after %d memories: %s", done, exc)
-        if done:
-            async with self.pool.acquire() as conn:
-                if await store.count_waiting_for_vector(conn, space) == 0:
-                    await store.delete_stale_vectors(conn, space)
+        if done and await self.waiting(space) == 0:
+            await self.drop_stale(space)
         return done
-
-
-    async def waiting_for_vector(self, space: int) -> int:
-        async with self.pool.acquire() as conn:
-            return await store.count_waiting_for_vector(conn, space)
-
-    async def drop_stale_vectors(self, keep_space: int) -> int:
-        async with self.pool.acquire() as conn:
-            return await store.delete_stale_vectors(conn, keep_space)
-
-    async def integrity_problems(self) -> dict[str, list[str]]:
-        """Every inconsistency the rules forbid, by kind (`python -m bot check`); empty lists mean the data is sound."""
-        async with self.pool.acquire() as conn:
-            return await store.integrity_problems(conn, self.settings.server_memory_limit, self.settings.personal_memory_limit)
-
-    async def count_memories(self) -> int:
-        async with self.pool.acquire() as conn:
-            return await conn.fetchval("SELECT count(*) FROM memories")

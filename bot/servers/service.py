@@ -183,6 +183,10 @@ class Servers:
             user_id for user_id, name in candidates
             if user_id in ids or re.search(rf"(?<!\w){re.escape(name.casefold())}(?!\w)", folded)
         }
+    async def not_to_be_noted(self, guild_id: int | None) -> list[int]:
+        """Users the model may write nothing about here (privacy partial or full, or blocked in this server)."""
+        async with self.pool.acquire() as conn:
+            return await store.not_to_be_noted(conn, guild_id)
 
     async def lock_people(self, conn: Connection, user_ids: Sequence[int], *, shared: bool) -> None:
         """Inside the caller's transaction: exclusive for a change of what may be kept about someone, shared for work

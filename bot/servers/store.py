@@ -265,3 +265,13 @@ async def prompt_settings(conn: Connection, persona_id: int, guild_id: int | Non
     attributes = json.loads(row["attributes"]) if row["attributes"] else {}
     persona = PersonaSettings(persona_id, row["guild_id"], row["name"], row["prompt"] or "", attributes)
     return PromptSettings(persona, tuple(row["lore"]), guild)
+
+
+async def not_to_be_noted(conn: Connection, guild_id: int | None) -> list[int]:
+    """Everyone the model may write nothing about here: privacy `partial` or `full`, or blocked in this server."""
+    rows = await conn.fetch(
+        "SELECT user_id FROM user_settings WHERE privacy <> 'none'"
+        " UNION SELECT user_id FROM guild_blocklist WHERE guild_id = $1",
+        guild_id,
+    )
+    return sorted(row["user_id"] for row in rows)

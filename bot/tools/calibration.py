@@ -17,7 +17,6 @@ floor the top-k selection then works above.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,6 +26,7 @@ from typing import TextIO
 
 import numpy as np
 
+from bot import shutdown
 from bot.config import Settings
 
 DEFAULT_FILE = Path(__file__).resolve().parents[2] / "tests" / "data" / "calibration.jsonl"
@@ -333,7 +333,7 @@ def run_cli(path: str | Path | None, settings: Settings, out: TextIO | None = No
     Returns the exit status: 0, or 2 with one `error:` line on stderr when the file is unusable or
     the embedder is unavailable (a calibration run must never end in a traceback).
     """
-    from bot.memory.embeddings import EmbeddingError, create_embedder
+    from bot.embeddings.providers import EmbeddingError, create_embedder
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -361,7 +361,7 @@ def run_cli(path: str | Path | None, settings: Settings, out: TextIO | None = No
         return np.concatenate(parts, axis=0)
 
     try:
-        scored = score_pairs(lambda texts: asyncio.run(embed_all(texts)), pairs)
+        scored = score_pairs(lambda texts: shutdown.run(embed_all(texts)), pairs)
     except (EmbeddingError, CalibrationError) as exc:
         print(f"error: the embedder is unavailable: {exc}", file=err)
         return 2

@@ -9,7 +9,7 @@ can act on it.
 from __future__ import annotations
 
 from bot.config import Settings
-from bot.memory.embeddings import NoEmbedder
+from bot.embeddings.providers import NoEmbedder
 from bot.services import open_services
 
 

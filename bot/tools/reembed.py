@@ -9,13 +9,13 @@ failed midway (the reason is printed), 130 when interrupted.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 from typing import TextIO
 
+from bot import shutdown
 from bot.config import Settings
-from bot.memory.embeddings import create_embedder
+from bot.embeddings.providers import create_embedder
 from bot.services import open_services
 from bot.upkeep import RebuildProgress
 
@@ -73,7 +73,8 @@ async def run_reembed(settings: Settings, *, out: TextIO | None = None, err: Tex
 
 def main(settings: Settings) -> int:
     try:
-        return asyncio.run(run_reembed(settings))
-    except KeyboardInterrupt:
-        print("\nStopped; run it again to continue where it stopped.", file=sys.stderr)
-        return 130
+        return shutdown.run(run_reembed(settings))
+    except (KeyboardInterrupt, shutdown.Interrupted) as exc:
+        signum = shutdown.signal_of(exc)
+        print(f"\nStopped by {shutdown.signal_name(signum)}; run it again to continue where it stopped.", file=sys.stderr)
+        return 128 + signum

@@ -15,15 +15,14 @@ from typing import Any
 
 import numpy as np
 
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import (
     throwaway_database,
 )
-from bot.memory.base import NewMemory
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import BuiltinEmbedder, DeadlineEmbedder, EmbeddingError, EmbeddingSpace, NoEmbedder
-from bot.memory.models import Conversation, Memory, MemoryList, Source
-from bot.memory.recall import MemoryCore
+from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder, EmbeddingError, EmbeddingSpace, NoEmbedder
+from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Source
+from bot.memory.service import MemoryCore
 from bot.servers.models import Actor, Privacy
 from bot.services import open_services
 

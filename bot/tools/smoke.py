@@ -10,7 +10,6 @@ It ends with the stored memories and a one-line verdict (exit 0 on PASS, 1 on FA
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -21,16 +20,18 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from bot import shutdown
 from bot.chat.messages import IncomingMessage
 from bot.chat.model import chat_configured
 from bot.chat.receipts import ReplyStatus
 from bot.chat.tools import ToolContext
+from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import Database, throwaway_database
-from bot.memory.clock import ManualClock
-from bot.memory.embeddings import Embedder
+from bot.embeddings.providers import Embedder
 from bot.memory.models import MemoryList
 from bot.services import Services, open_services
+from bot.tools.notes_report import day_notes_lines
 
 EXIT_PASS, EXIT_FAIL, EXIT_NO_MODEL = 0, 1, 2
 NO_MODEL = (
@@ -268,6 +269,8 @@ async def _emit_day_summaries(services: Services, emit: Callable[[str], None]) -
             emit(f"  failed: {summary.last_error}")
         for detail in summary.key_details:
             emit(f"  key detail: {detail}")
+    for line in await day_notes_lines(services, CHANNEL_ID):
+        emit(line)
 
 
 def _emit_turn(report: TurnReport, emit: Callable[[str], None]) -> None:
@@ -302,4 +305,4 @@ def run_cli(settings: Settings) -> int:
     def emit(line: str) -> None:
         print(line, flush=True)
 
-    return asyncio.run(run_smoke(settings, emit))
+    return shutdown.run(run_smoke(settings, emit))

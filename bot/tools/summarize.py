@@ -10,13 +10,13 @@ stay missing), 2 when no summary model is configured, 130 when interrupted.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 from typing import TextIO
 
+from bot import shutdown
 from bot.config import Settings
-from bot.memory.embeddings import create_embedder
+from bot.embeddings.providers import create_embedder
 from bot.services import open_services
 from bot.summaries.models import BackfillProgress
 from bot.summaries.writer import SummaryWriter
@@ -100,7 +100,8 @@ async def run_summarize(
 
 def main(settings: Settings, days: int | None = None, channel: int | None = None) -> int:
     try:
-        return asyncio.run(run_summarize(settings, days=days, channel=channel))
-    except KeyboardInterrupt:
-        print("\nStopped; run it again to continue where it stopped.", file=sys.stderr)
-        return 130
+        return shutdown.run(run_summarize(settings, days=days, channel=channel))
+    except (KeyboardInterrupt, shutdown.Interrupted) as exc:
+        signum = shutdown.signal_of(exc)
+        print(f"\nStopped by {shutdown.signal_name(signum)}; run it again to continue where it stopped.", file=sys.stderr)
+        return 128 + signum

@@ -11,6 +11,12 @@ class Clock(Protocol):
     def now(self) -> datetime: ...
 
 
+def utc_now(clock: Clock) -> tuple[datetime, date]:
+    """The clock's time in UTC, and the UTC date: decay counts UTC days."""
+    now = clock.now().astimezone(UTC)
+    return now, now.date()
+
+
 class SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
