@@ -57,11 +57,13 @@ from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import Database, create_pool
 from bot.memory.models import Conversation, MemoryList, NewMemory, Recall, Source
+from bot.servers.models import Actor
 from bot.servers.service import Servers
 from bot.services import Services, build_services, memory_core
 
 BOT_USER_ID = 990_000_000_000_000_001
 BOT_NAME = "Deskmate"
+BENCH_ADMIN = Actor(990_000_000_000_000_002, can_manage=True)  # the benchmark runs its servers' settings
 ADDRESSED_SHARE = 0.25  # of the turns, the ones that address the bot
 SEED = 20_260_101
 ASK_SUFFIX = " Answer in a few words."
@@ -265,11 +267,11 @@ class Channel:
         start and the bot's posts are the ones of the model's replay (`transcript`), so the channel reads the same."""
         stats: dict[str, Any] = {"replies": 0, "failed_replies": 0, "tool_changes": 0, "gold_saved": 0}
         if gold:
-            await services.servers.update_guild_settings(self.guild_id, self_teaching=False)
+            await services.servers.update_guild_settings(self.guild_id, BENCH_ADMIN, self_teaching=False)
         for session in self.sample.sessions:
             clock.current = self.at(session.day)
             if gold:  # saved as the bot saves (source `bot`), so self-teaching is on for the moment of the saves
-                await services.servers.update_guild_settings(self.guild_id, self_teaching=True)
+                await services.servers.update_guild_settings(self.guild_id, BENCH_ADMIN, self_teaching=True)
                 for fact in session.facts:
                     owner = self.owner(fact.speaker)
                     saved = await services.core.save(NewMemory(
@@ -277,7 +279,7 @@ class Channel:
                         owner_id=owner,
                     ))
                     stats["gold_saved"] += saved.saved is not None
-                await services.servers.update_guild_settings(self.guild_id, self_teaching=False)
+                await services.servers.update_guild_settings(self.guild_id, BENCH_ADMIN, self_teaching=False)
             for t, turn in enumerate(session.turns):
                 clock.current = self.at(session.day, 2 * t)
                 addressed = self.addressed[(session.number, t)]
@@ -326,7 +328,7 @@ class Channel:
         covering: dict[int, list[int]], say: Callable[[str], None],
     ) -> list[dict[str, Any]]:
         """Each question the day after, by the first speaker, deleted again after its answer."""
-        await services.servers.update_guild_settings(self.guild_id, self_teaching=False)
+        await services.servers.update_guild_settings(self.guild_id, BENCH_ADMIN, self_teaching=False)
         answers = []
         for number, question in enumerate(questions):
             clock.current = self.at(self.question_day, 2 * number)

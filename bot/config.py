@@ -76,6 +76,8 @@ class Settings:
     embedding_batch_size: int = 64
     reembed_interval_s: float = 60.0
     pg_statement_cache: bool = True
+    pg_pool_size: int = 10  # connections one process keeps at most
+    pg_connect_wait_s: float = 30.0  # while the server refuses new connections, how long a request waits for a pooled one
     # --- chat pipeline and Discord ---
     discord_token: str = ""
     dev_guild_id: int | None = None
@@ -368,6 +370,8 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         embedding_batch_size=_int(merged, "EMBEDDING_BATCH_SIZE", 64, 1, 2048),
         reembed_interval_s=_float(merged, "REEMBED_INTERVAL_S", 60.0, 1.0, 86_400.0),
         pg_statement_cache=_bool(merged, "PG_STATEMENT_CACHE", True),
+        pg_pool_size=_int(merged, "PG_POOL_SIZE", 10, 2, 1000),
+        pg_connect_wait_s=_float(merged, "PG_CONNECT_WAIT_S", 30.0, 0.0, 3600.0),
         discord_token=_text(merged, "DISCORD_TOKEN", ""),
         dev_guild_id=_snowflake(merged, "DEV_GUILD_ID"),
         context_messages=_int(merged, "CONTEXT_MESSAGES", 30, 1, 200),

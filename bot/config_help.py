@@ -177,6 +177,10 @@ SECTIONS: tuple[Section, ...] = (
             "no URL-encoding (secret).",
             "DATA_DIR": "Where the embedded PostgreSQL (`DATA_DIR/postgres`), the console's state and log, and the "
             "heartbeat live. The Docker image sets `/data`, its volume.",
+            "PG_POOL_SIZE": "Connections one bot process keeps at most; keep the sum over processes under "
+            "PostgreSQL's `max_connections`.",
+            "PG_CONNECT_WAIT_S": "While PostgreSQL refuses new connections, how long a reply waits for one of the "
+            "pool's connections to come free before it fails.",
             "PG_STATEMENT_CACHE": "`false` behind PgBouncer in transaction mode, where asyncpg's prepared statements "
             "cannot work.",
             "LOG_LEVEL": "How much the bot logs.",

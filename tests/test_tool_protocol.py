@@ -388,7 +388,7 @@ HOSTILE: list[Any] = [
     pytest.param(
         "save_memory",
         {"text": "Sam plays the bassoon", "list": "personal", "about_user": "Sam"},
-        None,
+        "can only be about the person you answer",  # what Juno says about Sam is not Sam's memory
         id="about_user-participant-name",
     ),
     pytest.param(
@@ -413,13 +413,17 @@ HOSTILE: list[Any] = [
     pytest.param(
         "save_memory",
         {"text": "Juno collects vinyl records", "list": "personal", "global": "true"},
-        None,
+        "only the person can make a Global memory",
         id="global-as-a-string",
     ),
     pytest.param("save_memory", {"list": "personal"}, "text is missing", id="text-missing"),
-    # the 0.5B model's "list": ["server"] with a person named: a fact about that person is a personal memory
+    # the 0.5B model's "list": ["server"] with a person named: a fact about that person would be their personal memory
     pytest.param(
-        "save_memory", {"text": "Sam works nights", "list": ["server"], "about_user": "Sam"}, None, id="server-naming-a-person"
+        "save_memory", {"text": "Sam works nights", "list": ["server"], "about_user": "Sam"},
+        "can only be about the person you answer", id="server-naming-a-person",
+    ),
+    pytest.param(
+        "save_memory", {"text": "Juno likes tea", "list": "personal", "about_user": "Juno"}, None, id="about_user-the-author"
     ),
 ]
 
@@ -460,8 +464,7 @@ async def test_a_hostile_call_next_to_a_valid_save_still_gets_the_reply_the_noti
     assert isinstance(arguments, dict)
     [made] = [m for m in stored if m["id"] == hostile["memory_id"]]
     assert made["text"] == arguments["text"] and made["list"] == "personal"
-    assert made["owner_id"] == (SAM if arguments.get("about_user") == "Sam" else JUNO)
-    assert made["is_global"] is (arguments.get("global") == "true")
+    assert made["owner_id"] == JUNO and made["is_global"] is False
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 MAX_KEY_DETAILS = 12
 MAX_SUMMARY_CHARS = 4_000
-MAX_DETAIL_CHARS = 500
+MAX_DETAIL_CHARS = 500  # one key detail: a fact, not a second summary (a model's 5 MB answer must not reach the head)
 
 _SHAPE = (
     'Answer with JSON only, exactly this shape: {"summary": "...", "key_details": ["...", "..."]}. '
@@ -149,9 +149,15 @@ def read_answer(text: str) -> Written | None:
         details = [details]
     if not isinstance(details, list):
         details = []
-    kept = [" ".join(str(item).split()) for item in details if isinstance(item, str | int | float) and str(item).strip()]
-    kept = [item[:MAX_DETAIL_CHARS] for item in kept]
+    kept = [detail_text(item) for item in details[: MAX_KEY_DETAILS * 4] if isinstance(item, str | int | float)]
+    kept = [detail for detail in kept if detail]
     return Written(data["summary"].strip()[:MAX_SUMMARY_CHARS], tuple(kept[:MAX_KEY_DETAILS]), True, _facts(data))
+
+
+def detail_text(item: object) -> str:
+    """A key detail as stored: spaces collapsed, at most MAX_DETAIL_CHARS characters (cut with an ellipsis)."""
+    text = " ".join(str(item)[: MAX_DETAIL_CHARS * 4].split())
+    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 1].rstrip() + "…"
 
 
 def split_parts(lines: Sequence[str], part_tokens: int) -> list[list[str]]:
