@@ -56,8 +56,9 @@ async def world(make_core, clock, chat: FakeChatServer, summarizer: FakeChatServ
 
 
 async def notes_world(make_core, clock, chat: FakeChatServer, summarizer: FakeChatServer, **overrides: object) -> World:
-    world = await build_world(
-        make_core, clock, chat.base_url, summary_base_url=summarizer.base_url, summary_model="fake-summary", **overrides
+    world = await build_world(  # a generous reply deadline: a loaded machine must not fail a test on time
+        make_core, clock, chat.base_url, summary_base_url=summarizer.base_url, summary_model="fake-summary",
+        **{"chat_timeout_s": 60.0, **overrides},
     )
     world.services.summaries.notes.listener = Told()
     return world
