@@ -37,6 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
+from bench import e2e_proxy
 from bench.e2e_proxy import ModelProxy
 from bot.chat.messages import IncomingMessage
 from bot.chat.receipts import ReplyStatus
@@ -52,6 +53,7 @@ RESULTS = Path(__file__).resolve().parent / "notes_results.json"
 RECORDINGS = Path(__file__).resolve().parent / "notes_recordings"  # every model call of a run (resumable; not committed)
 PATHS = {"tools": "tools", "notes": "daily", "both": "both"}
 BOT_USER_ID = 2
+SLOW_MODEL_S = 7_200.0
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)  # a Monday
 log = logging.getLogger(__name__)
 
@@ -172,9 +174,10 @@ class NotesProxy(ModelProxy):
 class Player:
     """Plays conversations into one set of services: each in its own server and channel, its people with their own ids."""
 
-    def __init__(self, services: Services, clock: ManualClock) -> None:
+    def __init__(self, services: Services, clock: ManualClock, *, replies: bool = True) -> None:
         self.services = services
         self.clock = clock
+        self.replies = replies  # False: lines said to the bot are stored but not answered (the notes alone, faster)
         self.message_id = 10_000
 
     def _next_id(self) -> int:
@@ -211,6 +214,10 @@ class Player:
             message_id=self._next_id(), channel_id=channel, author_id=user, author_name=name, text=text,
             created_at=self.clock.now(), guild_id=guild, where='#general in "bench server"', author_can_manage=manager,
         )
+        if not self.replies:  # stored as the chat cog stores what it does not answer; the day rollover still counts
+            await self.services.chat.record(incoming)
+            self.services.summaries.saw(channel, guild)
+            return
         outcome = await self.services.chat.handle(incoming, mentions_bot=to_bot)
         if outcome is None or outcome.status != ReplyStatus.REPLIED:
             return
@@ -234,20 +241,29 @@ class Player:
 
 
 async def run_path(
-    settings: Settings, conversations: list[dict[str, Any]], path: str, recording: Path | None, say: Any = print
+    settings: Settings,
+    conversations: list[dict[str, Any]],
+    path: str,
+    recording: Path | None,
+    say: Any = print,
+    *,
+    replies: bool = True,
+    summaries: bool = True,
 ) -> dict[str, Any]:
     """Every conversation through one path (tools / notes / both) with the configured model; figures and memories.
-    `recording` keeps every call, so an interrupted run resumes where it stopped."""
+    `recording` keeps every call, so an interrupted run resumes where it stopped. `replies=False`: lines said to
+    the bot are not answered; `summaries=False`: no summary pass (for the tools path: what the tools alone save)."""
     started = time.monotonic()
+    e2e_proxy.UPSTREAM_TIMEOUT_S = SLOW_MODEL_S  # a loaded CPU: one call may take an hour, and a retry starts over
     async with NotesProxy(settings.chat_base_url, settings.chat_api_key, settings.chat_model, recording) as proxy:
         configured = settings.with_overrides(
-            chat_base_url=proxy.url, summary_base_url=proxy.url, memory_notes=PATHS[path],
-            chat_timeout_s=max(settings.chat_timeout_s, 600.0), summary_timeout_s=max(settings.summary_timeout_s, 900.0),
+            chat_base_url=proxy.url, summary_base_url=proxy.url, memory_notes=PATHS[path], summary_enabled=summaries,
+            chat_timeout_s=SLOW_MODEL_S, summary_timeout_s=SLOW_MODEL_S,
         )
         async with throwaway_database(configured, "notes benchmark") as database:
             clock = ManualClock(START)
             async with open_services(configured, database=database, clock=clock, bot_user_id=BOT_USER_ID) as services:
-                player = Player(services, clock)
+                player = Player(services, clock, replies=replies)
                 total, chat_days, left = Score(), 0, {}
                 for number, conversation in enumerate(conversations):
                     final, snapshots, days = await player.play(number, conversation)
@@ -257,7 +273,8 @@ async def run_path(
                     left[conversation["name"]] = [f"[{m.list}{':' + m.who if m.who else ''}] {m.text}" for m in final]
                     say(f"  {path} · {conversation['name']}: {found.kept}/{found.facts} kept, {found.wrong_person} wrong "
                         f"person, {found.contradictions} contradictions, {found.duplicates} duplicates")
-    return _figures(path, total, proxy.totals(), chat_days, time.monotonic() - started, left)
+    figures = _figures(path, total, proxy.totals(), chat_days, time.monotonic() - started, left)
+    return figures | {"replies": replies, "summaries": summaries}
 
 
 def _figures(
@@ -292,11 +309,14 @@ async def main(args: argparse.Namespace) -> int:
     results = json.loads(RESULTS.read_text(encoding="utf-8")) if RESULTS.is_file() else {}
     for path in args.paths.split(","):
         print(f"{args.label}: path {path}", flush=True)
-        recording = RECORDINGS / f"{args.label}-{path}.jsonl"
+        recording = RECORDINGS / f"{args.label}-{path}-replies-{args.replies}-summaries-{args.summaries}.jsonl"
         recording.parent.mkdir(parents=True, exist_ok=True)
-        figures = await run_path(settings, conversations, path, recording, lambda line: print(line, flush=True))
+        figures = await run_path(
+            settings, conversations, path, recording, lambda line: print(line, flush=True),
+            replies=args.replies == "all", summaries=args.summaries == "on",
+        )
         figures["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        results.setdefault(args.label, {})[path] = figures
+        results.setdefault(args.label, {})[f"{path} (replies {args.replies}, summaries {args.summaries})"] = figures
         RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         print(json.dumps({k: v for k, v in figures.items() if k not in ("details", "memories_left")}), flush=True)
     return 0
@@ -309,6 +329,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--label", required=True, help="what to file the figures under, e.g. qwen2.5-coder-1.5b")
     parser.add_argument("--paths", default="tools,notes,both")
     parser.add_argument("--conversations", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--replies", choices=("all", "none"), default="all", help="answer the lines said to the bot")
+    parser.add_argument("--summaries", choices=("on", "off"), default="on", help="the summary pass (and so the notes)")
     return parser.parse_args(argv)
 
 

@@ -35,7 +35,7 @@ from bot.errors import Refusal
 from bot.failures import database_sentence, first_line
 from bot.memory.history import describe_version
 from bot.memory.lists import ListRef, Scope, looks_like_instruction
-from bot.memory.models import SaveResult
+from bot.memory.models import SaveResult, Source
 from bot.services import open_services
 
 log = logging.getLogger(__name__)
@@ -222,6 +222,8 @@ class ConsoleChat(ServerCommands):
             marks = [view.state, f"{memory.days_unused} days unused"]
             if memory.protected:
                 marks.append("protected")
+            if memory.source == Source.NOTES:
+                marks.append("from day-end notes")
             if view.scope_label:
                 marks.append(view.scope_label)
             marks.append(view.vector.value)

@@ -19,9 +19,10 @@ import pytest
 
 from bot.chat.messages import IncomingMessage
 from bot.chat.notices import Notices
+from bot.memory.lists import MemoryView, VectorStatus
 from bot.memory.models import Memory, MemoryList, Source, VersionVia
 from bot.servers.models import Privacy
-from bot.summaries.writer import DAY_INSTRUCTIONS
+from bot.summaries.writer import DAY_INSTRUCTIONS, WEEK_INSTRUCTIONS, echoes, looks_like_json
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import CHANNEL, GUILD, JUNO, NAMES, RIN, SAM, World, build_world
 
@@ -55,8 +56,9 @@ async def world(make_core, clock, chat: FakeChatServer, summarizer: FakeChatServ
 
 
 async def notes_world(make_core, clock, chat: FakeChatServer, summarizer: FakeChatServer, **overrides: object) -> World:
-    world = await build_world(
-        make_core, clock, chat.base_url, summary_base_url=summarizer.base_url, summary_model="fake-summary", **overrides
+    world = await build_world(  # a generous reply deadline: a loaded machine must not fail a test on time
+        make_core, clock, chat.base_url, summary_base_url=summarizer.base_url, summary_model="fake-summary",
+        **{"chat_timeout_s": 60.0, **overrides},
     )
     world.services.summaries.notes.listener = Told()
     return world
@@ -360,3 +362,42 @@ async def test_nothing_said_in_a_private_thread_becomes_a_memory(world: World, s
     assert all("quitting" not in body for body in sent if "Mochi" in body)  # never in the parent's transcript
     assert any("quitting" in body for body in sent)  # the thread's own summary has it, and only there
     assert [m.text for m in await memories(world)] == ["Juno: my cat is called Mochi"]
+
+
+def test_an_echo_of_the_instructions_or_raw_json_is_never_a_summary() -> None:
+    assert echoes("The week's main threads in a few sentences.", WEEK_INSTRUCTIONS)
+    assert echoes("what was talked about, in a few sentences, naming who said what", DAY_INSTRUCTIONS)
+    assert not echoes("Juno's cat is called Mochi and Bau plays the cello.", DAY_INSTRUCTIONS)  # an example is no echo
+    assert looks_like_json('{"summary": "x"}') and looks_like_json('Summary: "key_details": []')
+    assert looks_like_json('["a", "b"]') and not looks_like_json("[10:02] Juno planned a picnic")
+
+
+async def test_an_echo_is_asked_again_and_a_second_one_leaves_the_day_missing(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [(JUNO, "we planned a picnic for Saturday")])
+    summarizer.text(json.dumps({"summary": "what was talked about, in a few sentences, naming who said what", "facts": []}))
+    summarizer.text(facts(summary="Juno planned a picnic for Saturday."))
+    await end_day(world, MONDAY)
+    tuesday = MONDAY + timedelta(days=1)
+    await say(world, tuesday, [(JUNO, "rain today")])
+    summarizer.text('{"summary": "{\\"summary\\": \\"rain\\"}"}').text('```json\n{"facts": []}\n```')
+    await end_day(world, tuesday)
+    async with world.core.pool.acquire() as conn:
+        found = {row["period_start"]: (row["status"], row["summary"]) for row in await conn.fetch(
+            "SELECT period_start, status, summary FROM channel_summaries WHERE channel_id = $1 AND kind = 'day'", CHANNEL)}
+    assert found[MONDAY] == ("ready", "Juno planned a picnic for Saturday.")
+    assert found[tuesday][0] == "missing"  # retried at a later rollover, never stored as an echo or raw JSON
+
+
+def test_lists_and_receipts_say_a_memory_came_from_the_day_end_notes() -> None:
+    from cogs.receipts import _memory_line
+    from cogs.ui import memory_meta
+
+    now = datetime(2026, 1, 6, tzinfo=UTC)
+    note = Memory(
+        id=7, list=MemoryList.SERVER, guild_id=GUILD, owner_id=None, persona_id=1, text="Game night is on Fridays",
+        tags=(), channel_ids=(), source=Source.NOTES, protected=False, days_unused=0, last_aged_on=now.date(),
+        last_used_at=None, created_by=JUNO, created_at=now, updated_at=now,
+    )
+    assert "from day-end notes" in _memory_line(note, 7, JUNO, "on the desk")
+    view = MemoryView(note, dormant=False, vector=VectorStatus.EMBEDDED)
+    assert "from day-end notes" in memory_meta(view)

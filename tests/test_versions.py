@@ -108,7 +108,7 @@ async def test_a_member_may_not_restore_what_they_may_not_edit(make_core) -> Non
 
 async def test_the_models_unrelated_update_is_saved_beside_the_memory_it_would_have_erased(make_core, clock) -> None:
     async with FakeChatServer() as chat:
-        world = await build_world(make_core, clock, chat.base_url)
+        world = await build_world(make_core, clock, chat.base_url, chat_timeout_s=60.0)
         core, mgr = world.core, world.services.memories
         cat = await mgr.add(await mgr.personal_list(JUNO, GUILD), "Juno's cat is called Mochi", by=JUNO)
         assert cat.saved is not None
@@ -143,7 +143,7 @@ async def _unprotect(world, memory_id: int) -> None:
 
 async def test_the_model_never_changes_a_protected_memory(make_core, clock) -> None:
     async with FakeChatServer() as chat:
-        world = await build_world(make_core, clock, chat.base_url)
+        world = await build_world(make_core, clock, chat.base_url, chat_timeout_s=60.0)
         mgr = world.services.memories
         rule = await mgr.add(await mgr.server_list(GUILD), "Rule 1: be kind", by=ADMIN, by_can_manage=True)
         assert rule.saved is not None

@@ -307,13 +307,8 @@ class MemoryWrites:
                 )
                 await store.set_memory_sources(conn, memory_id, source_messages if via == Source.NOTES else ())
             updated = await store.update_memory_text(
-                conn,
-                memory_id,
-                text=cleaned,
-                source=via if via in (Source.COMMAND, Source.NOTES) else current.source,
-                protected=current.protected or via == Source.COMMAND,
-                now=now,
-                today=today,
+                conn, memory_id, text=cleaned, source=via if via in (Source.COMMAND, Source.NOTES) else current.source,
+                protected=current.protected or via == Source.COMMAND, now=now, today=today,
             )
             if tags is not None and tuple(tags) != updated.tags:
                 await store.set_memory_tags(conn, memory_id, tags, now)

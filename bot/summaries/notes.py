@@ -22,6 +22,7 @@ The facts that pass are also the day's key details, so a summary follows the sam
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -242,15 +243,23 @@ class DayNotes:
         return {f"M{number}": memory for number, memory in enumerate(chosen, 1)}
 
     async def _embed(self, texts: Sequence[str]) -> np.ndarray | None:
-        """Unit vectors of `texts` with the memory embedder, in batches; None when it is unavailable."""
+        """Unit vectors of `texts` with the memory embedder, in batches (each tried twice: this is background work on a
+        machine that may be busy); None when it is unavailable."""
         if self.core.embeddings.space is None or not texts:
             return None
-        try:
-            embed = self.core.embeddings.embedder.embed
-            parts = [await embed(list(texts[i : i + EMBED_BATCH])) for i in range(0, len(texts), EMBED_BATCH)]
-        except EmbeddingError as exc:
-            log.warning("Day-end notes: the embedder is unavailable (%s); facts are checked by their words", exc)
-            return None
+        embed = self.core.embeddings.embedder.embed
+        parts = []
+        for start in range(0, len(texts), EMBED_BATCH):
+            batch = list(texts[start : start + EMBED_BATCH])
+            for attempt in (1, 2):
+                try:
+                    parts.append(await embed(batch))
+                    break
+                except EmbeddingError as exc:
+                    if attempt == 2:
+                        log.warning("Day-end notes: the embedder is unavailable (%s); facts are checked by their words", exc)
+                        return None
+                    await asyncio.sleep(1.0)
         return np.vstack(parts)
 
     # --- the model's facts, checked ---
