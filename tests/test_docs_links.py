@@ -67,3 +67,12 @@ def test_the_settings_the_readme_names_exist() -> None:
     named = re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \|", readme, re.MULTILINE)
     assert len(named) >= 8
     assert sorted(set(named) - set(setting_names())) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_the_docs_speak_for_the_repository_alone(page: Path) -> None:
+    """No pointers a reader of the repository cannot follow: documents outside it, issue numbers, README
+    sections that are now pages of their own."""
+    text = page.read_text(encoding="utf-8")
+    found = re.findall(r"\bSPEC\b|\.\./shared|\bissues? \d+|README \"[^\"]+\"", text)
+    assert found == []

@@ -127,7 +127,7 @@ class MemoryVersion:
     reason: str
 
     def as_export(self) -> dict[str, Any]:
-        """This version in an export file (README "Export format"); imports accept and skip it."""
+        """This version in an export file (docs/export-format.md); imports accept and skip it."""
         return {
             "text": self.text,
             "source": self.source.value,
