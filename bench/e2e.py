@@ -56,8 +56,7 @@ from bot.chat.reply import ReplyOutcome
 from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import Database, create_pool
-from bot.memory.base import NewMemory
-from bot.memory.models import Conversation, MemoryList, Recall, Source
+from bot.memory.models import Conversation, MemoryList, NewMemory, Recall, Source
 from bot.servers.service import Servers
 from bot.services import Services, build_services, memory_core
 
