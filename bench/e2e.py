@@ -567,6 +567,10 @@ def recorded_seconds(folder: Path) -> float:
     return total
 
 
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def _exists(path: Path) -> bool:
     return path.is_file()
 
@@ -654,8 +658,11 @@ async def run(
                 result["saving"]["judge_check"] = await the_run.judge_facts(pairs["pairs"], pairs["texts"])
                 the_run.save_state()
         judge_check = await the_run.judge_check(hand_checked_judgements()) if checks else the_run.state.get("judge_check", {})
-    for result in results.values():
+    for name, result in results.items():
         result["saving"].pop("judge_pairs", None)
+        if not judging:  # one rule for the whole table: a baseline judged by an earlier run is shown unjudged too
+            answers = [json.loads(line) for line in _lines(run_dir / f"answers-{name}.jsonl")]
+            result["answering"] = summarise_answers([{**answer, "judge": None} for answer in answers])
     return {
         "model": chat.model, "endpoint": chat.host, "quantisation": environment.get("BENCH_CHAT_QUANTISATION", ""),
         "judge_model": judge.model, "judge_endpoint": judge.host, "size": size.name,
