@@ -2,9 +2,9 @@
 
 Full run: recall at 10k, 100k and 1M memories, throughput on the 100k data, LoCoMo (all variants),
 the crowded server under the memory budget (section 4), end to end with a real chat model (section 5,
-only when BENCH_CHAT_BASE_URL and BENCH_CHAT_MODEL are set), and the generated block of BENCHMARKS.md is
+only when BENCH_CHAT_BASE_URL and BENCH_CHAT_MODEL are set), and the generated block of docs/benchmarks.md is
 refreshed. `--quick`: 10k and 100k, fewer replies,
-two LoCoMo conversations, BENCHMARKS.md left alone. The benchmark starts its own PostgreSQL in a
+two LoCoMo conversations, docs/benchmarks.md left alone. The benchmark starts its own PostgreSQL in a
 temporary directory (or uses BENCH_DATABASE_URL) and drops every database it creates.
 """
 
@@ -193,7 +193,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-locomo", action="store_true")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the search at each size")
-    parser.add_argument("--no-md", action="store_true", help="do not refresh the generated block of BENCHMARKS.md")
+    parser.add_argument("--no-md", action="store_true", help="do not refresh the generated block of docs/benchmarks.md")
     return parser.parse_args(argv)
 
 

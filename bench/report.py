@@ -1,4 +1,4 @@
-"""The machine string, the readable table, `bench/results.json`, and the generated block of BENCHMARKS.md."""
+"""The machine string, the readable table, `bench/results.json`, and the generated block of docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
+BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
 
 
@@ -48,7 +48,7 @@ def _size(key: str) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    """Markdown tables: readable on a terminal and pasted as is into BENCHMARKS.md."""
+    """Markdown tables: readable on a terminal and pasted as is into docs/benchmarks.md."""
     quick = " (quick run)" if results.get("quick") else ""
     dates = results.get("dates", {})
     when = results.get("date", "")
@@ -274,7 +274,7 @@ def write_results(results: dict[str, Any]) -> None:
 
 
 def update_benchmarks_md(results: dict[str, Any]) -> bool:
-    """Replace the generated block of BENCHMARKS.md with the latest table; False if the markers are missing."""
+    """Replace the generated block of docs/benchmarks.md with the latest table; False if the markers are missing."""
     if not BENCHMARKS_MD.is_file():
         return False
     text = BENCHMARKS_MD.read_text(encoding="utf-8")

@@ -52,7 +52,7 @@ EMBEDDED_START_S = 120  # how long a slow start of the embedded server is waited
 class EmbeddedServer:
     """A handle on the embedded PostgreSQL server that lives under DATA_DIR/postgres.
 
-    Several processes may share it (README, "Scaling out"). pgserver keeps the PIDs of the processes
+    Several processes may share it (docs/operations.md, "Scaling out"). pgserver keeps the PIDs of the processes
     using the server in `.handle_pids.json` and the last one to leave stops it. Starting and stopping
     go through one file lock in DATA_DIR, so two processes starting on a fresh DATA_DIR do not both run
     initdb or pg_ctl, and a process that is stopping the server does not pull it from under one that
@@ -218,7 +218,7 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10, statem
 
     Released connections are not sent asyncpg's default reset (`SELECT pg_advisory_unlock_all();
     CLOSE ALL; UNLISTEN *; RESET ALL`): that is one more round trip after every pooled statement,
-    about a tenth of a millisecond on every reply's search (BENCHMARKS.md, section 1). With a
+    about a tenth of a millisecond on every reply's search (docs/benchmarks.md, section 1). With a
     `reset` callback asyncpg still rolls back a transaction left open and drops client-side
     listeners; the rest would undo session state, and pooled connections never create any:
     settings are transaction-local (`set_config(..., true)`, `SET LOCAL`), advisory locks are

@@ -109,6 +109,19 @@ class Memories(commands.GroupCog, group_name="memories", group_description="What
         ref, found = await self.changeable(interaction, memory, "delete")
         await flows.delete_flow(interaction, ref, found, by_can_manage=can_manage(interaction))
 
+    @app_commands.command(name="history", description="A server memory's earlier texts: when, why and by whom each was changed")
+    @app_commands.describe(memory="The memory: start typing its text", page="Page to open (newest changes first)")
+    @app_commands.autocomplete(memory=memory_autocomplete)
+    async def history(self, interaction: discord.Interaction, memory: int, page: app_commands.Range[int, 1, 10_000] = 1) -> None:
+        await flows.history_flow(interaction, await self.ref(interaction), memory, page, "Server memory")
+
+    @app_commands.command(name="restore", description="Make an earlier text of a server memory its text again")
+    @app_commands.describe(memory="The memory: start typing its text", version="The version number its history shows")
+    @app_commands.autocomplete(memory=memory_autocomplete)
+    async def restore(self, interaction: discord.Interaction, memory: int, version: app_commands.Range[int, 1]) -> None:
+        ref, _ = await self.changeable(interaction, memory, "restore")
+        await flows.restore_flow(interaction, ref, memory, version, by_can_manage=can_manage(interaction))
+
     @app_commands.command(name="export", description="Download this server's memories as a JSON file")
     async def export(self, interaction: discord.Interaction) -> None:
         if not can_manage(interaction):

@@ -15,6 +15,7 @@ import discord
 from discord import app_commands
 
 from bot.errors import Refusal
+from bot.memory.history import HistoryPage, describe_version
 from bot.memory.lists import ImportMode, ImportPlan, ListRef, ListStats, Page, split_tags
 from bot.memory.manage import MemoryManager
 from bot.memory.models import Memory, MemoryList
@@ -22,6 +23,7 @@ from bot.tools.chart import days_unused_chart
 from cogs.ui import (
     COLOUR,
     LIST_PAGE_SIZE,
+    MEMORY_PREVIEW,
     Refused,
     TextModal,
     ask_confirmation,
@@ -158,6 +160,45 @@ async def delete_flow(interaction: discord.Interaction, ref: ListRef, memory: Me
         return f"Deleted memory #{memory.id}."
 
     await ask_confirmation(interaction, f"Delete memory #{memory.id} for good?\n{quote(memory.text, 500)}", confirmed)
+
+
+def history_embed(title: str, page: HistoryPage) -> discord.Embed:
+    """A memory's text now, then its earlier texts, newest first, each with when, why and by whom it was replaced."""
+    memory = page.memory
+    embed = discord.Embed(title=f"{title}: history of #{memory.id}", colour=COLOUR)
+    embed.add_field(name="Now", value=clip(memory.text, MEMORY_PREVIEW), inline=False)
+    mentions = {v.replaced_by: f"<@{v.replaced_by}>" for v in page.versions if v.replaced_by is not None}
+    for version in page.versions:
+        heading, detail = describe_version(version, mentions)
+        embed.add_field(name=heading, value=f"{clip(version.text, MEMORY_PREVIEW)}\n*{clip(detail, 300)}*", inline=False)
+    if not page.total:
+        embed.description = "No earlier texts: this memory was never changed."
+    embed.set_footer(text=f"{page.total} earlier text{'s' if page.total != 1 else ''} · restore one with the restore command")
+    return embed
+
+
+async def history_flow(interaction: discord.Interaction, ref: ListRef, memory_id: int, page: int, title: str) -> None:
+    """A memory's versions, paginated (ephemeral, like every list)."""
+    versions = manager_of(interaction).versions
+
+    async def fetch(number: int) -> HistoryPage:
+        return await versions.page(ref, memory_id, number)
+
+    await send_paged(interaction, fetch, lambda p: history_embed(title, p), page - 1)
+
+
+async def restore_flow(
+    interaction: discord.Interaction, ref: ListRef, memory_id: int, version_id: int, *, by_can_manage: bool = False
+) -> None:
+    """Make an earlier text the memory's text again (a command edit: it protects the memory; the text it replaces
+    becomes a version)."""
+    result = await manager_of(interaction).versions.restore(
+        ref, memory_id, version_id, by=interaction.user.id, by_can_manage=by_can_manage
+    )
+    if result.saved is None:
+        await refuse(interaction, f"not restored: {result.detail}")
+        return
+    await reply(interaction, save_message(result, verb=f"Restored version #{version_id} of", hint_instruction=False))
 
 
 async def export_flow(interaction: discord.Interaction, ref: ListRef, filename: str) -> None:

@@ -112,6 +112,18 @@ class Personal(commands.GroupCog, group_name="personal", group_description="Your
         where = "Global: the bot can use it wherever you talk to it" if moved.is_global else "tied to this server's persona"
         await reply(interaction, f"Memory #{moved.id} is now {where}. It is protected from being forgotten.")
 
+    @memories.command(name="history", description="One of your memories' earlier texts: when, why and by whom each changed")
+    @app_commands.describe(memory="The memory: start typing its text", page="Page to open (newest changes first)")
+    @app_commands.autocomplete(memory=memory_autocomplete)
+    async def history(self, interaction: discord.Interaction, memory: int, page: app_commands.Range[int, 1, 10_000] = 1) -> None:
+        await flows.history_flow(interaction, await self.ref(interaction), memory, page, "Your memory")
+
+    @memories.command(name="restore", description="Make an earlier text of one of your memories its text again")
+    @app_commands.describe(memory="The memory: start typing its text", version="The version number its history shows")
+    @app_commands.autocomplete(memory=memory_autocomplete)
+    async def restore(self, interaction: discord.Interaction, memory: int, version: app_commands.Range[int, 1]) -> None:
+        await flows.restore_flow(interaction, await self.ref(interaction), memory, version)
+
     @memories.command(name="export", description="Download your personal memories as a JSON file")
     @app_commands.describe(scope="Which of your lists to export")
     @app_commands.choices(scope=SCOPE_CHOICES)

@@ -30,6 +30,7 @@ LIST_PAGE_SIZE = 8
 MEMORY_PREVIEW = 400
 MAX_CHANNELS_SHOWN = 5  # an imported memory may name many channels; the list shows a few
 DESK, DRAWER = "🗂️ desk", "🗄️ drawer"
+SOURCE_LABELS = {"bot": "the model", "notes": "day-end notes", "import": "an import", "command": "a command"}
 COLOUR = discord.Colour.blurple()
 
 
@@ -167,7 +168,7 @@ def memory_meta(view: MemoryView) -> str:
     parts: list[str] = []
     if view.scope_label:
         parts.append(view.scope_label)
-    parts.append("🔒 protected" if memory.protected else f"from {memory.source.value}")
+    parts.append("🔒 protected" if memory.protected else f"from {SOURCE_LABELS.get(memory.source.value, memory.source.value)}")
     if memory.tags:
         parts.append("tags: " + ", ".join(memory.tags))
     if memory.channel_ids:

@@ -2,8 +2,8 @@
 
 A save that repeats a memory of its list stores nothing and counts that memory as used; one that only
 resembles a memory is stored, and the save's result names the closest memories so the model can
-update the old fact instead. DUPLICATE_SIMILARITY (0.91) is held against the hand-made pairs the
-README quotes: it must merge every pair above it that says the same fact and no pair of different facts.
+update the old fact instead. DUPLICATE_SIMILARITY (0.91) is held against the hand-made pairs
+docs/models.md quotes: it must merge every pair above it that says the same fact and no pair of different facts.
 """
 
 from __future__ import annotations

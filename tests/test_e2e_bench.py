@@ -96,7 +96,7 @@ def matches(builtin_embedder: BuiltinEmbedder) -> list[tuple[dict[str, Any], flo
 
 
 def test_the_matching_rule_agrees_with_the_hand_checked_pairs(matches: list[tuple[dict[str, Any], float]]) -> None:
-    """Measured at 0.72: every hand-checked pair but the few listed in BENCHMARKS.md lands on its side."""
+    """Measured at 0.72: every hand-checked pair but the few listed in docs/benchmarks.md lands on its side."""
     pairs = [r for r, _ in matches if r["kind"] == "fact"]
     assert len(pairs) >= 30 and 0.35 <= sum(r["match"] for r in pairs) / len(pairs) <= 0.65
     right = [(r["match"] == (sim >= score.FACT_MATCH_SIMILARITY)) for r, sim in matches if r["kind"] == "fact"]

@@ -272,7 +272,10 @@ async def test_user_data_export_and_delete(make_core) -> None:
     json.dumps(data)
 
     counts = await build_services(mgr.core).delete_user_data(JUNO)
-    assert counts == {"personal_memories": 2, "authored_server_memories": 1, "settings": 1, "chat_messages": 1, "summaries": 0}
+    assert counts == {
+        "personal_memories": 2, "authored_server_memories": 1, "settings": 1, "chat_messages": 1, "summaries": 0,
+        "memory_versions": 0,
+    }
     left = await core.all_memories()
     assert sorted(m.text for m in left) == ["Juno organised the meetup", "Max likes coffee"]
     assert all(m.created_by != JUNO for m in left)

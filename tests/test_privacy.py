@@ -456,7 +456,7 @@ async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: 
 
             left = await rows_mentioning(core.pool, rf"(^|[^0-9]){GONE}([^0-9]|$)")
             # the blocklist entry is the server's moderation decision, not the user's data: erasing it would let
-            # anyone unblock themselves (README: /privacy)
+            # anyone unblock themselves (docs/commands.md: /privacy)
             assert left == {"guild_blocklist": 1}, left
             marker_left = await rows_mentioning(core.pool, f"{MARKER}|{NAME}")
             # a server memory the user added stays with its server, no longer naming its author

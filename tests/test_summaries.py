@@ -30,7 +30,9 @@ def summary_answer(body: dict[str, Any]) -> str:
     lines = user.split("\n\n", 1)[1].splitlines()
     if system.startswith("You summarise one day"):
         said = [line.split("] ", 1)[1] for line in lines]
-        return json.dumps({"summary": " | ".join(said), "key_details": [s for s in said if "promise" in s]})
+        tags = [line.split(" ", 1)[0] for line in lines]
+        facts = [{"by": tag, "about": "self", "fact": s} for tag, s in zip(tags, said, strict=True) if "promise" in s]
+        return json.dumps({"summary": " | ".join(said), "facts": facts})
     parts = [json.loads(line) for line in lines]
     prefix = "week: " if "one week" in system else "day: "
     return "```json\n" + json.dumps({

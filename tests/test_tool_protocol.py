@@ -226,7 +226,7 @@ async def test_replayed_small_model_conversation_saves_mochi_and_posts_no_call_j
     assert len(mochi) == 1, stored  # saved on the first turn, recognised (not saved again) on the last
     # The model's update_memory of a memory that does not exist (#12) is refused, so the chess/Spanish turn saves nothing.
     assert "there is no memory #12" in replay.tool_results(3)[0]["error"]
-    # Current behaviour, to be documented in the README: the small model saves general knowledge as a
+    # Current behaviour, documented in docs/models.md ("Duplicates"): the small model saves general knowledge as a
     # personal memory of the person who asked, and the bot stores it (nothing tells such a fact from a personal one).
     assert [m["text"] for m in stored if "France" in m["text"]] == ["The capital of France is Paris"]
     [paris] = [m for m in stored if "France" in m["text"]]

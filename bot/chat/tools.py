@@ -163,7 +163,10 @@ class MemoryTools:
         self.settings = settings
 
     def offered(self, guild: GuildSettings | None) -> list[dict[str, Any]]:
-        """No tools where the bot may not teach itself (fewer tokens, no refusals to explain)."""
+        """No tools where the bot may not teach itself (fewer tokens, no refusals to explain), nor with
+        MEMORY_NOTES=daily (only the day-end notes write memories then)."""
+        if self.settings.memory_notes == "daily":
+            return []
         if guild is None:  # a DM: only the author's personal memories make sense
             return memory_tools(server=False, personal=True, max_chars=self.settings.memory_max_chars)
         if not guild.self_teaching:
@@ -298,18 +301,32 @@ class MemoryTools:
         memory_id = self._shown_id(arguments, context)
         text = _text_argument(arguments, self.settings.memory_max_chars)
         self._spend_action(context)
-        result = await self.core.edit(
-            memory_id, text, by=context.message.author_id, via=Source.BOT, by_can_manage=context.message.author_can_manage
+        result = await self.core.update_by_model(
+            memory_id,
+            text,
+            by=context.message.author_id,
+            guild_id=context.message.guild_id,
+            by_can_manage=context.message.author_can_manage,
+            reason=f"updated by the model in a reply to {context.message.author_name}",
+            search_available=context.search_ok,
         )
         if result.saved is None:
             return self._refused(result, context, memory_id, None, text.strip(), None)
-        updated = result.saved
+        saved = result.saved
+        if result.kept_apart_from is not None:  # about something else: saved beside the memory, which was kept
+            context.shown_ids.add(saved.id)
+            if not result.repeated:
+                context.changes.append(MemoryChange(ChangeKind.SAVED, saved.id, saved.list, saved.text, saved.owner_id))
+            return {
+                "ok": True,
+                "memory_id": saved.id,
+                "kept": memory_id,
+                "note": result.detail + "; if the old memory is now wrong, forget it with forget_memory",
+            }
         context.changes.append(
-            MemoryChange(
-                ChangeKind.UPDATED, updated.id, updated.list, updated.text, updated.owner_id, old_text=result.replaced_text
-            )
+            MemoryChange(ChangeKind.UPDATED, saved.id, saved.list, saved.text, saved.owner_id, old_text=result.replaced_text)
         )
-        return {"ok": True, "memory_id": updated.id}
+        return {"ok": True, "memory_id": saved.id}
 
     async def _tool_forget(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
         memory_id = self._shown_id(arguments, context)

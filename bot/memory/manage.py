@@ -3,7 +3,7 @@
 The cogs, the console and tests call `MemoryManager`; it reads lists page by page, searches them
 without touching any decay counter (a command is not a reply), and wraps `MemoryCore` for every
 change so the permission and forgetting rules stay in one place. Import and export use the JSON
-format documented in README ("Export format"), versioned so old files keep importing.
+format documented in docs/export-format.md, versioned so old files keep importing.
 
 Every refusal is a `Refusal` whose message is one sentence a person can act on.
 """
@@ -20,6 +20,7 @@ from bot.config import Settings
 from bot.embeddings.providers import EmbeddingError
 from bot.errors import Refusal
 from bot.memory import store
+from bot.memory.history import MemoryHistory
 from bot.memory.lists import (
     ImportMode,
     ImportPlan,
@@ -57,6 +58,7 @@ class MemoryManager:
     def __init__(self, core: MemoryCore, *, import_max_bytes: int = DEFAULT_IMPORT_MAX_BYTES) -> None:
         self.core = core
         self.import_max_bytes = import_max_bytes
+        self.versions = MemoryHistory(core)  # each memory's earlier texts: history, restore, exports
 
     @property
     def settings(self) -> Settings:
@@ -245,7 +247,7 @@ class MemoryManager:
 
     # --- export and import --------------------------------------------------------------------
 
-    def _export_entry(self, memory: Memory) -> dict[str, Any]:
+    def _export_entry(self, memory: Memory, versions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "text": memory.text,
             "tags": list(memory.tags),
@@ -263,13 +265,16 @@ class MemoryManager:
                 "created_at": _iso(memory.created_at),
             }
         )
+        if versions:
+            entry["versions"] = versions
         return entry
 
     async def export(self, ref: ListRef) -> dict[str, Any]:
-        """The list as a versioned JSON document (README "Export format")."""
+        """The list as a versioned JSON document (docs/export-format.md)."""
         where, args = ref.filter()
         async with self.core.pool.acquire() as conn:
             memories = await store.list_memories(conn, where, args)
+        versions = await self.versions.for_export([m.id for m in memories])
         doc: dict[str, Any] = {
             "format": EXPORT_FORMAT,
             "version": EXPORT_VERSION,
@@ -280,7 +285,7 @@ class MemoryManager:
             doc["server_id"] = str(ref.guild_id)
         else:
             doc["scope"] = ref.scope.value
-        doc["memories"] = [self._export_entry(memory) for memory in memories]
+        doc["memories"] = [self._export_entry(memory, versions.get(memory.id)) for memory in memories]
         return doc
 
     @staticmethod
@@ -328,7 +333,7 @@ class MemoryManager:
         """A user's memories in the export-my-data format, from `MemoryCore.export_user`'s rows."""
         memories = []
         for row in rows["personal"]:
-            entry = self._export_entry(Memory.from_row(row))
+            entry = self._export_entry(Memory.from_row(row), rows["versions"].get(row["id"]))
             if row["persona_id"] is not None:
                 guild = row["persona_guild_id"]
                 entry["persona"] = {"server_id": str(guild) if guild is not None else None, "name": row["persona_name"]}

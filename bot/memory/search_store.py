@@ -20,7 +20,7 @@ from bot.db import Connection
 from bot.lexical import LexicalQuery, any_word_query_cte
 from bot.memory.store import MEMORY_COLUMNS
 
-# Locking and performance notes (measured by `make bench`, see BENCHMARKS.md):
+# Locking and performance notes (measured by `make bench`, see docs/benchmarks.md):
 # - Resets and agings are one UPDATE over `locked`, which takes the row locks in id order first.
 #   Two replies in one server (or sharing a participant) change overlapping rows; with the locks
 #   taken in whatever order each plan visits rows they deadlocked: 32 of 300 concurrent
@@ -152,7 +152,7 @@ changed AS (
     WHERE m.id = l.id AND (u.id IS NOT NULL OR m.last_aged_on < $11)
     -- the new row version, for the desk cache: what changed and the new stamp, with the stamp of
     -- the version updated (locked above). Plain RETURNING (new values), not PostgreSQL 18's
-    -- old./new.: any PostgreSQL 13+ must work (README)
+    -- old./new.: any PostgreSQL 13+ must work (docs/operations.md)
     RETURNING m.id, l.stamp AS old_stamp, m.xmin::text::bigint AS next_stamp,
               m.days_unused, m.last_used_at, m.last_aged_on, m.desk_changed_on
 ),

@@ -548,3 +548,25 @@ async def count_as_used(conn: Connection, memory_id: int, now: datetime, today: 
         dormant_after,
     )
     return Memory.from_row(row)
+
+
+async def vector_of(conn: Connection, memory_id: int, space: int) -> np.ndarray | None:
+    """A memory's vector in `space`, or None while it waits for one."""
+    found = await conn.fetchval("SELECT embedding FROM memory_vectors WHERE memory_id = $1 AND space_id = $2", memory_id, space)
+    if found is None:
+        return None
+    return np.asarray(found.to_numpy() if hasattr(found, "to_numpy") else found, dtype=np.float32)
+
+
+async def set_memory_sources(conn: Connection, memory_id: int, sources: Sequence[tuple[int, int, int]]) -> None:
+    """The (channel, message, author) a memory's text came from (day-end notes), replacing what was recorded."""
+    await conn.execute("DELETE FROM memory_sources WHERE memory_id = $1", memory_id)
+    if sources:
+        await conn.execute(
+            "INSERT INTO memory_sources (memory_id, channel_id, message_id, author_id)"
+            " SELECT $1, c, m, a FROM unnest($2::bigint[], $3::bigint[], $4::bigint[]) AS s (c, m, a) ON CONFLICT DO NOTHING",
+            memory_id,
+            [source[0] for source in sources],
+            [source[1] for source in sources],
+            [source[2] for source in sources],
+        )

@@ -139,6 +139,11 @@ class Servers:
         async with self._using(conn) as using:
             return await store.blocked_or_private(using, guild_id, user_ids, [level.value for level in levels])
 
+    async def not_to_be_noted(self, guild_id: int | None) -> list[int]:
+        """Users the model may write nothing about here (privacy partial or full, or blocked in this server)."""
+        async with self.pool.acquire() as conn:
+            return await store.not_to_be_noted(conn, guild_id)
+
     async def lock_people(self, conn: Connection, user_ids: Sequence[int], *, shared: bool) -> None:
         """Inside the caller's transaction: exclusive for a change of what may be kept about someone, shared for work
         that stores what was derived from their words (docs/memory-rules.md, "Withdrawal wins")."""

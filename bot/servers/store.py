@@ -251,3 +251,13 @@ async def prompt_settings(conn: Connection, persona_id: int, guild_id: int | Non
         "lore": list(row["lore"]),
         "guild": guild,
     }
+
+
+async def not_to_be_noted(conn: Connection, guild_id: int | None) -> list[int]:
+    """Everyone the model may write nothing about here: privacy `partial` or `full`, or blocked in this server."""
+    rows = await conn.fetch(
+        "SELECT user_id FROM user_settings WHERE privacy <> 'none'"
+        " UNION SELECT user_id FROM guild_blocklist WHERE guild_id = $1",
+        guild_id,
+    )
+    return sorted(row["user_id"] for row in rows)

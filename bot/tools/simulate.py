@@ -1,6 +1,6 @@
 """`python -m bot simulate FILE.jsonl`: replay a scenario through the real memory core.
 
-The format is specified in shared/scenarios/FORMAT.md (and summarised in the README). Every run
+The format is specified in docs/scenarios.md. Every run
 gets an empty database of its own on the configured server and drops it afterwards. The whole
 file is checked before anything runs, so a typo on line 40 costs nothing.
 """
