@@ -141,7 +141,8 @@ async def main(args: argparse.Namespace) -> int:
                 chosen_baselines = [b for b in e2e.BASELINES if b.name in args.e2e_baselines.split(",")] \
                     if args.e2e_baselines else e2e.BASELINES
                 found = await e2e.run(server, say, size=size, baselines=chosen_baselines, fresh=args.e2e_fresh,
-                                      checks=not args.e2e_skip_checks)
+                                      checks=not args.e2e_skip_checks and not args.e2e_no_judge,
+                                      judging=not args.e2e_no_judge)
                 if found:
                     results["e2e"] = found
                 else:
@@ -183,6 +184,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         " small (2 sessions of 2 conversations; the default), full (every LoCoMo conversation)")
     parser.add_argument("--e2e-baselines",
                         help="section 5: comma-separated subset of defaults,gold,none,top10 (run in that order)")
+    parser.add_argument("--e2e-no-judge", action="store_true",
+                        help="section 5: score answers by token F1 only (no judge calls; for a judge too small to trust)")
     parser.add_argument("--e2e-skip-checks", action="store_true",
                         help="section 5: report without asking the judge to check the matching rule and itself (a run cut short)")
     parser.add_argument("--e2e-fresh", action="store_true",

@@ -200,7 +200,7 @@ def e2e_table(results: dict[str, Any]) -> list[str]:
         )
         when = a["all_gold_in_prompt"]
         lines.append(
-            f"| {name} | **{_fmt(a['j'], 3)}** [{a['j_ci'][0]:.2f}–{a['j_ci'][1]:.2f}] | {_fmt(a['f1'], 3)}"
+            f"| {name} | {_judged(a)} | {_fmt(a['f1'], 3)}"
             f" [{a['f1_ci'][0]:.2f}–{a['f1_ci'][1]:.2f}] | {categories} | {_fmt(a['gold_saved'], 3)}"
             f" | {_fmt(a['gold_in_prompt'], 3)} | {_fmt(when['j'], 3)} ({when['n']}) | {a['prompt_tokens']:,} | {a['failed']} |"
         )
@@ -253,6 +253,10 @@ SAVING_ROWS: tuple[tuple[str, Any], ...] = (
     ("memory changes made by tool calls", lambda b, _: str(b["replay"]["tool_changes"])),
     ("judge agrees with the matching rule (pairs near the threshold)", lambda b, _: _agreement(b["saving"].get("judge_check"))),
 )
+
+
+def _judged(a: dict[str, Any]) -> str:
+    return f"**{_fmt(a['j'], 3)}** [{a['j_ci'][0]:.2f}–{a['j_ci'][1]:.2f}]" if a.get("j") is not None else "not judged"
 
 
 def _agreement(check: dict[str, Any] | None) -> str:

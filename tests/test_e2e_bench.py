@@ -198,6 +198,9 @@ async def test_the_section_runs_every_baseline_end_to_end_and_resumes_from_its_s
         calls = len(chat.requests)
         again = await e2e.run(server, said.append, size=size, path=path, env=env, folder=tmp_path)
         assert len(chat.requests) == calls, "the second run re-asked the model what its state already held"
+        judged = len(judge.requests)
+        unjudged = await e2e.run(server, said.append, size=size, path=path, env=env, folder=tmp_path, judging=False)
+        assert len(judge.requests) == judged
 
     assert first["questions"] == 4 and first["skipped_questions"] == 1  # D1:9 is no fact; category 5 is never asked
     assert first["facts"] == 6 and first["chat_days"] == 2
@@ -220,6 +223,9 @@ async def test_the_section_runs_every_baseline_end_to_end_and_resumes_from_its_s
     assert answers["defaults"]["gold_saved"] == 0.25
     assert first["judge_check"]["judgements"] == len(rows("e2e_judgements.jsonl"))
     assert again["baselines"] == baselines
+    for name, result in unjudged["baselines"].items():  # F1 alone, for every baseline, judged before or not
+        assert result["answering"]["j"] is None and result["answering"]["f1"] == baselines[name]["answering"]["f1"]
+    assert "| gold | not judged |" in "\n".join(report.e2e_table({"e2e": unjudged}))
     assert any("already measured" in line for line in said)
     assert len(answer_lines(tmp_path, "gold")) == 4
     table = "\n".join(report.e2e_table({"e2e": first}))
