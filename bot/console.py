@@ -290,7 +290,7 @@ class ConsoleChat(ServerCommands):
         memory_id = self._memory_id(raw_id, "/restore ID VERSION")
         version_id = self._memory_id(raw_version, "/restore ID VERSION")
         result = await self.manager.versions.restore(
-            await self._ref_of(memory_id), memory_id, version_id, by=self.user_id, by_can_manage=True
+            await self._ref_of(memory_id), memory_id, version_id, actor=self.actor
         )
         self.show(f"restored #{memory_id}: {result.saved.text}" if result.saved else f"not restored: {result.detail}")
 

@@ -188,13 +188,11 @@ async def history_flow(interaction: discord.Interaction, ref: ListRef, memory_id
     await send_paged(interaction, fetch, lambda p: history_embed(title, p), page - 1)
 
 
-async def restore_flow(
-    interaction: discord.Interaction, ref: ListRef, memory_id: int, version_id: int, *, by_can_manage: bool = False
-) -> None:
+async def restore_flow(interaction: discord.Interaction, ref: ListRef, memory_id: int, version_id: int) -> None:
     """Make an earlier text the memory's text again (a command edit: it protects the memory; the text it replaces
     becomes a version)."""
     result = await manager_of(interaction).versions.restore(
-        ref, memory_id, version_id, by=interaction.user.id, by_can_manage=by_can_manage
+        ref, memory_id, version_id, actor=actor_of(interaction)
     )
     if result.saved is None:
         await refuse(interaction, f"not restored: {result.detail}")
