@@ -1,9 +1,10 @@
 """`python -m bench [--quick]`: every benchmark, a table on stdout, `bench/results.json`.
 
 Full run: recall at 10k, 100k and 1M memories, throughput on the 100k data, LoCoMo (all variants),
-the crowded server under the memory budget (section 4), and the generated block of BENCHMARKS.md is
+the crowded server under the memory budget (section 4), end to end with a real chat model (section 5,
+only when BENCH_CHAT_BASE_URL and BENCH_CHAT_MODEL are set), and the generated block of docs/benchmarks.md is
 refreshed. `--quick`: 10k and 100k, fewer replies,
-two LoCoMo conversations, BENCHMARKS.md left alone. The benchmark starts its own PostgreSQL in a
+two LoCoMo conversations, docs/benchmarks.md left alone. The benchmark starts its own PostgreSQL in a
 temporary directory (or uses BENCH_DATABASE_URL) and drops every database it creates.
 """
 
@@ -19,13 +20,13 @@ import traceback
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import crowd, locomo, recall, report, synth, throughput
+from bench import crowd, e2e, locomo, recall, report, synth, throughput
 from bench.pg import bench_server
 
 FULL_SIZES = (10_000, 100_000, 1_000_000)
 QUICK_SIZES = (10_000, 100_000)
 THROUGHPUT_SIZE = 100_000
-SECTIONS = ("recall", "throughput", "locomo", "crowd")
+SECTIONS = ("recall", "throughput", "locomo", "crowd", "e2e")
 
 
 def say(text: str) -> None:
@@ -133,6 +134,22 @@ async def main(args: argparse.Namespace) -> int:
             except Exception as exc:
                 errors.append(f"crowded server: {type(exc).__name__}: {exc}")
                 traceback.print_exc()
+        if "e2e" in sections:
+            say("== 5. End to end with a real chat model")
+            try:
+                size = e2e.SIZES[args.e2e_size or ("quick" if quick else "small")]
+                chosen_baselines = [b for b in e2e.BASELINES if b.name in args.e2e_baselines.split(",")] \
+                    if args.e2e_baselines else e2e.BASELINES
+                found = await e2e.run(server, say, size=size, baselines=chosen_baselines, fresh=args.e2e_fresh,
+                                      checks=not args.e2e_skip_checks and not args.e2e_no_judge,
+                                      judging=not args.e2e_no_judge)
+                if found:
+                    results["e2e"] = found
+                else:
+                    results.setdefault("e2e_note", "not run: BENCH_CHAT_BASE_URL / BENCH_CHAT_MODEL unset or LoCoMo missing")
+            except Exception as exc:
+                errors.append(f"end to end: {type(exc).__name__}: {exc}")
+                traceback.print_exc()
     results["load_average"]["end"] = load_average()
     results["seconds"] = round(time.perf_counter() - started)
     if errors:
@@ -157,14 +174,26 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--throughput-replies", type=int, help="replies per phase in section 2")
     parser.add_argument("--locomo-conversations", type=int, help="only the first N LoCoMo conversations")
     parser.add_argument(
-        "--sections", help="comma-separated subset of recall,throughput,locomo,crowd; the others are kept from bench/results.json"
+        "--sections",
+        help="comma-separated subset of recall,throughput,locomo,crowd,e2e; the others are kept from bench/results.json",
     )
     parser.add_argument("--crowd-variants", help="comma-separated subset of the crowded-server variants (development)")
     parser.add_argument("--crowd-limits", help="unlimited and/or limit100 (development; both by default)")
+    parser.add_argument("--e2e-size", choices=tuple(e2e.SIZES),
+                        help="section 5: quick (1 session, 4 questions), tiny (2 sessions of 1 conversation),"
+                        " small (2 sessions of 2 conversations; the default), full (every LoCoMo conversation)")
+    parser.add_argument("--e2e-baselines",
+                        help="section 5: comma-separated subset of defaults,gold,none,top10 (run in that order)")
+    parser.add_argument("--e2e-no-judge", action="store_true",
+                        help="section 5: score answers by token F1 only (no judge calls; for a judge too small to trust)")
+    parser.add_argument("--e2e-skip-checks", action="store_true",
+                        help="section 5: report without asking the judge to check the matching rule and itself (a run cut short)")
+    parser.add_argument("--e2e-fresh", action="store_true",
+                        help="section 5: forget the run's state and recorded model calls and start again")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-locomo", action="store_true")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the search at each size")
-    parser.add_argument("--no-md", action="store_true", help="do not refresh the generated block of BENCHMARKS.md")
+    parser.add_argument("--no-md", action="store_true", help="do not refresh the generated block of docs/benchmarks.md")
     return parser.parse_args(argv)
 
 

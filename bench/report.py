@@ -1,4 +1,4 @@
-"""The machine string, the readable table, `bench/results.json`, and the generated block of BENCHMARKS.md."""
+"""The machine string, the readable table, `bench/results.json`, and the generated block of docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
+BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
 
 
@@ -48,7 +48,7 @@ def _size(key: str) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    """Markdown tables: readable on a terminal and pasted as is into BENCHMARKS.md."""
+    """Markdown tables: readable on a terminal and pasted as is into docs/benchmarks.md."""
     quick = " (quick run)" if results.get("quick") else ""
     dates = results.get("dates", {})
     when = results.get("date", "")
@@ -122,6 +122,7 @@ def table(results: dict[str, Any]) -> str:
         if results.get("locomo_note"):
             lines.append(results["locomo_note"])
     lines += crowd_table(results)
+    lines += e2e_table(results)
     return "\n".join(lines)
 
 
@@ -157,12 +158,123 @@ def crowd_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+CATEGORY_NAMES = {"1": "multi-hop", "2": "temporal", "3": "open-domain", "4": "single-hop"}
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.3f}" if whole else "–"
+
+
+def e2e_table(results: dict[str, Any]) -> list[str]:
+    """Section 5: what the model saved (the `defaults` replay), and every baseline's answers to the same questions."""
+    e2e = results.get("e2e", {})
+    lines = ["", "### 5. End to end with a real chat model (saving through the bot, answering the day after)", ""]
+    if not e2e:
+        return [*lines, results.get("e2e_note") or "not run"]
+    quant = f", {e2e['quantisation']}" if e2e.get("quantisation") else ""
+    sessions = e2e.get("sessions_per_conversation") or "all"
+    lines.append(
+        f"Model {e2e['model']}{quant} at {e2e['endpoint']}; judge {e2e['judge_model']}; size `{e2e['size']}`:"
+        f" {len(e2e['conversations'])} conversations ({', '.join(e2e['conversations'])}), {sessions} sessions each,"
+        f" {e2e['chat_days']} chat days, {e2e['facts']} gold facts, {e2e['questions']} questions"
+        f" ({e2e['skipped_questions']} without a gold fact skipped); temperature 0, seed {e2e['seed']}."
+    )
+    baselines = e2e.get("baselines", {})
+    savers = {name: b for name, b in baselines.items() if name in ("defaults", "tools_only")}
+    if savers:
+        lines += ["", "| saving (the model's replay) | " + " | ".join(f"`{name}`" for name in savers) + " |",
+                  "|---|" + "---:|" * len(savers)]
+        for label, cell in SAVING_ROWS:
+            lines.append(f"| {label} | " + " | ".join(cell(b, max(e2e["chat_days"], 1)) for b in savers.values()) + " |")
+    lines += [
+        "",
+        "| baseline | J (judge yes) [95% CI] | F1 [95% CI] | J multi-hop / temporal / open-domain / single-hop"
+        " | gold facts saved | gold in prompt | J when all gold in prompt | prompt tok / question | failed |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, b in baselines.items():
+        a = b["answering"]
+        categories = " / ".join(
+            f"{_fmt(a['by_category'][c]['j'], 2)} ({a['by_category'][c]['n']})" if c in a["by_category"] else "–"
+            for c in CATEGORY_NAMES
+        )
+        when = a["all_gold_in_prompt"]
+        lines.append(
+            f"| {name} | {_judged(a)} | {_fmt(a['f1'], 3)}"
+            f" [{a['f1_ci'][0]:.2f}–{a['f1_ci'][1]:.2f}] | {categories} | {_fmt(a['gold_saved'], 3)}"
+            f" | {_fmt(a['gold_in_prompt'], 3)} | {_fmt(when['j'], 3)} ({when['n']}) | {a['prompt_tokens']:,} | {a['failed']} |"
+        )
+    check = e2e.get("judge_check") or {}
+    load = e2e.get("load_average", {})
+    agreed = (
+        f"The judge agreed with the hand-checked judgements of tests/data/e2e_judgements.jsonl"
+        f" {check['agree']} / {check['judgements']} times."
+        if check else "The judge was not checked against the hand-checked judgements in this run."
+    )
+    lines.append(
+        f"\n{e2e['questions']} questions per baseline; intervals: Wilson (J), seeded bootstrap (F1). {agreed}"
+        f" Time waiting for the models: {e2e.get('model_minutes', '–')} min (every recorded call of the run, when it was made),"
+        f" load average {load.get('start')} → {load.get('end')}"
+        " (a shared machine: other work ran at the same time)."
+    )
+    return lines
+
+
+def _covered(b: dict[str, Any], _: int) -> str:
+    s = b["saving"]
+    low, high = wilson_interval(s["covered"], s["facts"])
+    return f"**{s['covered']} / {s['facts']} ({_share(s['covered'], s['facts'])})**, 95% CI {low:.2f}–{high:.2f}"
+
+
+def _per_day(phase: str, tokens: bool) -> Any:
+    def cell(b: dict[str, Any], days: int) -> str:
+        c = b.get("calls", {}).get(phase, {})
+        value = (c.get("prompt_tokens", 0) + c.get("completion_tokens", 0)) if tokens else c.get("calls", 0)
+        return f"{value / days:,.0f}" if tokens else f"{value / days:.1f}"
+    return cell
+
+
+SAVING_ROWS: tuple[tuple[str, Any], ...] = (
+    ("gold facts covered by a memory of the right person", _covered),
+    ("gold facts covered by any memory (any list, any person)",
+     lambda b, _: f"{b['saving']['covered_any']} / {b['saving']['facts']}"),
+    ("memories stored (personal / server)",
+     lambda b, _: f"{b['saving']['memories']} ({b['saving']['personal']} / {b['saving']['server']})"),
+    ("memories by source",
+     lambda b, _: ", ".join(f"{k} {v}" for k, v in sorted(b["saving"].get("by_source", {}).items())) or "–"),
+    ("share of stored memories that match no gold fact", lambda b, _: _share(b["saving"]["unmatched"], b["saving"]["memories"])),
+    ("memories about the wrong person", lambda b, _: str(b["saving"]["wrong_person"])),
+    ("duplicates (a memory repeating an earlier one of its list)", lambda b, _: str(b["saving"]["duplicates"])),
+    ("replies per chat day (the bot was addressed)", lambda b, days: f"{b['replay']['replies'] / days:.1f}"),
+    ("model calls per chat day: replies", _per_day("reply", False)),
+    ("model calls per chat day: day-end work", _per_day("day-end", False)),
+    ("tokens per chat day (prompt + completion): replies", _per_day("reply", True)),
+    ("tokens per chat day (prompt + completion): day-end work", _per_day("day-end", True)),
+    ("memory changes made by tool calls", lambda b, _: str(b["replay"]["tool_changes"])),
+    ("judge agrees with the matching rule (pairs near the threshold)", lambda b, _: _agreement(b["saving"].get("judge_check"))),
+)
+
+
+def _judged(a: dict[str, Any]) -> str:
+    return f"**{_fmt(a['j'], 3)}** [{a['j_ci'][0]:.2f}–{a['j_ci'][1]:.2f}]" if a.get("j") is not None else "not judged"
+
+
+def _agreement(check: dict[str, Any] | None) -> str:
+    return f"{check['agree']} / {check['pairs']}" if check else "not asked in this run"
+
+
+def wilson_interval(successes: int, total: int) -> tuple[float, float]:
+    from bench.e2e_score import wilson
+
+    return wilson(successes, total)
+
+
 def write_results(results: dict[str, Any]) -> None:
     RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def update_benchmarks_md(results: dict[str, Any]) -> bool:
-    """Replace the generated block of BENCHMARKS.md with the latest table; False if the markers are missing."""
+    """Replace the generated block of docs/benchmarks.md with the latest table; False if the markers are missing."""
     if not BENCHMARKS_MD.is_file():
         return False
     text = BENCHMARKS_MD.read_text(encoding="utf-8")

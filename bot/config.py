@@ -3,7 +3,8 @@
 This is the only module that reads configuration. The rest of the code receives a `Settings`
 value, so tests and the simulator can build one without touching the process environment.
 A bad value stops start-up with a sentence that names the variable and what it accepts,
-instead of failing later in some unrelated place.
+instead of failing later in some unrelated place. What each setting is for is written in
+`bot/config_help.py`, from which docs/configuration.md is generated.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ EMBEDDING_PROVIDERS = ("builtin", "openai", "none")
 DESK_REFRESH_MODES = ("reply", "daily")
 DESK_FIT_RULES = ("fair", "prefix")  # how a desk larger than its share of MEMORY_TOKEN_BUDGET is cut (bot/desk_fit.py)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MEMORY_NOTES_MODES = ("both", "daily", "tools")  # who saves memories: day-end notes, the reply's tools, or both
 
 # Default MIN_SIMILARITY per embedding model, measured with tests/data/calibration.jsonl
-# (see README "Choosing MIN_SIMILARITY"). Models not listed fall back to DEFAULT_MIN_SIMILARITY.
+# (docs/models.md, "Choosing MIN_SIMILARITY"). Models not listed fall back to DEFAULT_MIN_SIMILARITY.
 BUILTIN_MODEL = "usem3-multilingual-v3"
 MIN_SIMILARITY_BY_MODEL = {
     BUILTIN_MODEL: 0.30,
@@ -58,7 +60,7 @@ class Settings:
     log_level: str = "INFO"
     memory_decay_enabled: bool = True
     dormant_after_days: int = 7
-    max_used: int = 12  # SPEC says 3; 12 measured better in busy servers and in two-person chat (BENCHMARKS.md)
+    max_used: int = 12  # first written as 3; 12 measured better in busy servers and in two-person chat (docs/benchmarks.md)
     max_recalled: int = 10  # dormant matches shown in the tail, best first (used ones always); 0 = only the used ones
     lexical_weight: float = 0.5  # hybrid scoring: cosine + this x weighted word overlap; 0 = cosine alone
     desk_refresh: str = "reply"
@@ -74,6 +76,8 @@ class Settings:
     embedding_batch_size: int = 64
     reembed_interval_s: float = 60.0
     pg_statement_cache: bool = True
+    pg_pool_size: int = 10  # connections one process keeps at most
+    pg_connect_wait_s: float = 30.0  # while the server refuses new connections, how long a request waits for a pooled one
     # --- chat pipeline and Discord ---
     discord_token: str = ""
     dev_guild_id: int | None = None
@@ -91,6 +95,8 @@ class Settings:
     max_tool_rounds: int = 1
     max_memory_actions_per_reply: int = 5
     duplicate_similarity: float = 0.91
+    update_min_similarity: float = 0.60  # the model's update must be about the same subject (bot/memory/relatedness.py)
+    memory_notes: str = "both"  # daily: day-end notes only; tools: the reply's memory tools only; both
     default_persona_name: str = DEFAULT_PERSONA_NAME
     default_persona_prompt: str = DEFAULT_PERSONA_PROMPT
     # --- slash commands ---
@@ -364,6 +370,8 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         embedding_batch_size=_int(merged, "EMBEDDING_BATCH_SIZE", 64, 1, 2048),
         reembed_interval_s=_float(merged, "REEMBED_INTERVAL_S", 60.0, 1.0, 86_400.0),
         pg_statement_cache=_bool(merged, "PG_STATEMENT_CACHE", True),
+        pg_pool_size=_int(merged, "PG_POOL_SIZE", 10, 2, 1000),
+        pg_connect_wait_s=_float(merged, "PG_CONNECT_WAIT_S", 30.0, 0.0, 3600.0),
         discord_token=_text(merged, "DISCORD_TOKEN", ""),
         dev_guild_id=_snowflake(merged, "DEV_GUILD_ID"),
         context_messages=_int(merged, "CONTEXT_MESSAGES", 30, 1, 200),
@@ -387,6 +395,7 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         shard_ids=_id_list(merged, "SHARD_IDS"),
         **_recall_settings(merged, model, default_similarity),
         **_summary_settings(merged),
+        **_notes_settings(merged),
     )))
 
 
@@ -500,6 +509,14 @@ def _recall_settings(merged: Mapping[str, str], model: str, default_similarity: 
         "document_token_budget": _int(merged, "DOCUMENT_TOKEN_BUDGET", 800, 0, 100_000),
         "document_max_results": _int(merged, "DOCUMENT_MAX_RESULTS", 3, 1, 20),
         "document_max_bytes": _int(merged, "DOCUMENT_MAX_BYTES", 262_144, 1_024, 8 * 1_048_576),
+    }
+
+
+def _notes_settings(merged: Mapping[str, str]) -> dict[str, object]:
+    """Who writes memories (MEMORY_NOTES) and when a model's update counts as one (UPDATE_MIN_SIMILARITY)."""
+    return {
+        "memory_notes": _choice(merged, "MEMORY_NOTES", "both", MEMORY_NOTES_MODES),
+        "update_min_similarity": _float(merged, "UPDATE_MIN_SIMILARITY", 0.60, -1.0, 1.01),
     }
 
 

@@ -25,6 +25,7 @@ from typing import TextIO
 
 from bot.chat.messages import IncomingMessage, UserRef, storable
 from bot.chat.model import chat_configured
+from bot.chat.notices import Notices
 from bot.chat.receipts import ReplyStatus
 from bot.clock import ManualClock
 from bot.config import Settings
@@ -32,8 +33,9 @@ from bot.console_session import BOT_USER_ID, MENTION, SUMMARIES_USAGE, CommandEr
 from bot.embeddings.providers import BuiltinEmbedder, create_embedder
 from bot.errors import Refusal
 from bot.failures import database_sentence, first_line
+from bot.memory.history import describe_version
 from bot.memory.lists import ListRef, Scope, looks_like_instruction
-from bot.memory.models import SaveResult
+from bot.memory.models import SaveResult, Source
 from bot.services import open_services
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ HELP = """Type a message to talk to the bot (as if you @mentioned it). Commands:
   /block NAME, /unblock NAME                            /persona [name TEXT | prompt TEXT]
   /lore [add TEXT | remove ID]                          /receipt, /why  why the last reply used what it used
   /documents [add PATH | delete ID]  documents of the local server     /history [on|off]  this channel's chat history
+  /history ID [PAGE]   a memory's earlier texts         /restore ID VERSION  make an earlier text current again
   /stats [mine]        the memory viewer (writes a chart to DATA_DIR)   /rebuild        embed everything now, with progress
   /summaries [show ID | regenerate ID | backfill [DAYS] | on|off]  this channel's day and week summaries (/day ends a day)
   /who                 where you are                    /help, /quit"""
@@ -64,7 +67,8 @@ OPTIONS: dict[str, tuple[str, str]] = {
     "/receipt": (r"", "/receipt"), "/why": (r"", "/why"), "/rebuild": (r"", "/rebuild"),
     "/memories": (r"\d*", "/memories [PAGE]"), "/mine": (r"\d*", "/mine [PAGE]"), "/day": (r"\d*", "/day [N]"),
     "/stats": (r"(mine)?", "/stats [mine]"), "/privacy": (r"(none|partial|full)?", "/privacy none|partial|full"),
-    "/history": (r"(on|off)?", "/history [on|off]"),
+    "/history": (r"(on|off|#?\d+( \d+)?)?", "/history [on|off] (chat history) or /history ID [PAGE] (a memory's versions)"),
+    "/restore": (r"#?\d+ #?\d+", "/restore ID VERSION"),
     "/summaries": (r"((show|regenerate) #?\d+|backfill( \d+)?|on|off)?", SUMMARIES_USAGE),
 }
 
@@ -161,6 +165,12 @@ class ConsoleChat(ServerCommands):
         self.show("  receipt: " + outcome.receipt.render().replace("\n", "\n           "))
         self.services.upkeep.request_pass()  # chunk what left the context window now, not at the next interval
 
+    async def show_day_notes(self, channel_id: int, guild_id: int | None, notices: Notices) -> None:
+        """A finished chat day's notes notice (written in the background after the day's first message)."""
+        prefix = {"channel": "", "hidden": "(hidden notice) ", "log": "[#log] "}[notices.destination]
+        for line in notices.lines:
+            self.show(f"  {prefix}{line}")
+
     # --- where and who ---
 
     async def cmd_help(self, rest: str) -> None:
@@ -212,6 +222,8 @@ class ConsoleChat(ServerCommands):
             marks = [view.state, f"{memory.days_unused} days unused"]
             if memory.protected:
                 marks.append("protected")
+            if memory.source == Source.NOTES:
+                marks.append("from day-end notes")
             if view.scope_label:
                 marks.append(view.scope_label)
             marks.append(view.vector.value)
@@ -237,26 +249,54 @@ class ConsoleChat(ServerCommands):
             )
 
     async def cmd_remember(self, rest: str) -> None:
-        result = await self.manager.add(await self._server_list(), rest, by=self.user_id, by_can_manage=True)
+        result = await self.manager.add(await self._server_list(), rest, actor=self.actor)
         self._saved(result, "server memory")
 
     async def cmd_me(self, rest: str) -> None:
         ref = await self.manager.personal_list(self.user_id, self.guild_id, Scope.PERSONA)
-        self._saved(await self.manager.add(ref, rest, by=self.user_id), "personal memory")
+        self._saved(await self.manager.add(ref, rest, actor=self.actor), "personal memory")
 
     async def cmd_global(self, rest: str) -> None:
         ref = await self.manager.personal_list(self.user_id, self.guild_id, Scope.GLOBAL)
-        self._saved(await self.manager.add(ref, rest, by=self.user_id, is_global=True), "Global personal memory")
+        self._saved(await self.manager.add(ref, rest, actor=self.actor, is_global=True), "Global personal memory")
 
     async def cmd_edit(self, rest: str) -> None:
         raw_id, _, text = rest.partition(" ")
         memory_id = self._memory_id(raw_id, "/edit ID TEXT")
-        result = await self.manager.edit(await self._ref_of(memory_id), memory_id, text, by=self.user_id, by_can_manage=True)
+        result = await self.manager.edit(await self._ref_of(memory_id), memory_id, text, actor=self.actor)
         self.show(f"edited #{memory_id}: {result.saved.text}" if result.saved else f"not edited: {result.detail}")
+
+    async def cmd_history(self, rest: str) -> None:
+        """`/history ID [PAGE]`: a memory's versions; `/history [on|off]`: this channel's chat-history recall."""
+        raw_id, _, raw_page = rest.partition(" ")
+        if not raw_id.lstrip("#").isdigit():
+            await super().cmd_history(rest)
+            return
+        memory_id = self._memory_id(raw_id, "/history ID [PAGE]")
+        page = await self.manager.versions.page(await self._ref_of(memory_id), memory_id, int(raw_page) - 1 if raw_page else 0)
+        names = await self.services.chat_log.names([v.replaced_by for v in page.versions if v.replaced_by is not None])
+        names.setdefault(self.user_id, self.user)
+        self.show(f"#{memory_id} now: {page.memory.text}")
+        if not page.total:
+            self.show("  no earlier texts: it was never changed")
+        else:
+            self.show(f"  {page.total} earlier text{'s' if page.total != 1 else ''} (page {page.number + 1} of {page.pages})")
+        for version in page.versions:
+            heading, detail = describe_version(version, names)
+            self.show(f"  {heading}: {version.text}\n    {detail}")
+
+    async def cmd_restore(self, rest: str) -> None:
+        raw_id, _, raw_version = rest.partition(" ")
+        memory_id = self._memory_id(raw_id, "/restore ID VERSION")
+        version_id = self._memory_id(raw_version, "/restore ID VERSION")
+        result = await self.manager.versions.restore(
+            await self._ref_of(memory_id), memory_id, version_id, by=self.user_id, by_can_manage=True
+        )
+        self.show(f"restored #{memory_id}: {result.saved.text}" if result.saved else f"not restored: {result.detail}")
 
     async def cmd_forget(self, rest: str) -> None:
         memory_id = self._memory_id(rest, "/forget ID")
-        result = await self.manager.delete(await self._ref_of(memory_id), memory_id, by=self.user_id, by_can_manage=True)
+        result = await self.manager.delete(await self._ref_of(memory_id), memory_id, actor=self.actor)
         self.show(f"deleted #{memory_id}: {result.forgotten[0].text}" if result.forgotten else f"not deleted: {result.detail}")
 
 
@@ -359,6 +399,7 @@ async def run_console(
         try:
             state_file = settings.data_dir / "console.json"
             console = ConsoleChat(services, clock, out, state_file, _read_day_offset(state_file))
+            services.summaries.notes.listener = console.show_day_notes
             console.tick()
             await console.refresh_persona()
             interactive = stdin.isatty()

@@ -127,6 +127,19 @@ class Chat(commands.Cog):
         # Channels where sending was refused for lack of permissions, reported once until a send there works again.
         self.refused_channels: set[int] = set()
 
+    async def cog_load(self) -> None:
+        services = getattr(self.bot, "services", None)  # the command reference loads the cogs without services
+        if services is not None:
+            services.summaries.notes.listener = self.post_day_notes  # the day-end notes' one notice per day
+
+    async def post_day_notes(self, channel_id: int, guild_id: int | None, notices: Notices) -> None:
+        """A chat day's notes notice, in that channel or the log channel, as the server's notice settings say."""
+        channel = self.bot.get_channel(channel_id)
+        if isinstance(channel, discord.abc.Messageable):
+            await self.send_notices_in(channel, notices)
+        else:
+            log.warning("Channel %s of a day-end notes notice is not reachable", channel_id)
+
     @property
     def services(self) -> Services:
         return self.bot.services  # type: ignore[attr-defined]
@@ -254,9 +267,13 @@ class Chat(commands.Cog):
             log.warning("Could not report missing permissions in log channel %s: %s", log_channel_id, exc)
 
     async def send_notices(self, message: discord.Message, notices: Notices | None) -> None:
-        if notices is None or notices.destination == "hidden" or not notices.lines:
+        if notices is not None:
+            await self.send_notices_in(message.channel, notices)
+
+    async def send_notices_in(self, where: discord.abc.Messageable, notices: Notices) -> None:
+        if notices.destination == "hidden" or not notices.lines:
             return
-        channel: discord.abc.Messageable | None = message.channel
+        channel: discord.abc.Messageable | None = where
         if notices.destination == "log":
             found = self.bot.get_channel(notices.log_channel_id) if notices.log_channel_id else None
             channel = found if isinstance(found, discord.abc.Messageable) else None

@@ -14,7 +14,7 @@ import re
 import discord
 
 from bot.chat.receipts import Receipt, recalled_label, tail_item_label, token_parts
-from bot.memory.models import Memory, MemoryList
+from bot.memory.models import Memory, MemoryList, Source
 from cogs.ui import COLOUR, clip
 
 MESSAGE_LINK = re.compile(r"^(?:https?://(?:\w+\.)?discord(?:app)?\.com/channels/(\d+|@me)/(\d+)/)?(\d{5,20})/?$")
@@ -33,6 +33,8 @@ def parse_message_ref(text: str) -> tuple[int | None, int | None, int] | None:
 def _memory_line(memory: Memory | None, memory_id: int, viewer_id: int, detail: str) -> str:
     if memory is None:
         return f"#{memory_id} · {detail} (since deleted)"
+    if memory.source == Source.NOTES:  # where it came from: what a finished chat day taught
+        detail += " · from day-end notes"
     if memory.list == MemoryList.SERVER:
         return f"#{memory_id} · {detail} · {clip(' '.join(memory.text.split()), 90)}"
     if memory.owner_id == viewer_id:

@@ -21,6 +21,7 @@ from bot.errors import Refusal
 from bot.failures import database_sentence
 from bot.memory.lists import MemoryView, Page, looks_like_instruction
 from bot.memory.models import Memory, MemoryList, SaveResult
+from bot.servers.models import Actor
 from bot.services import Services
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ LIST_PAGE_SIZE = 8
 MEMORY_PREVIEW = 400
 MAX_CHANNELS_SHOWN = 5  # an imported memory may name many channels; the list shows a few
 DESK, DRAWER = "🗂️ desk", "🗄️ drawer"
+SOURCE_LABELS = {"bot": "the model", "notes": "day-end notes", "import": "an import", "command": "a command"}
 COLOUR = discord.Colour.blurple()
 
 
@@ -140,6 +142,11 @@ def can_manage(interaction: discord.Interaction) -> bool:
     return interaction.guild_id is not None and interaction.permissions.manage_guild
 
 
+def actor_of(interaction: discord.Interaction) -> Actor:
+    """Who runs the command, as the services decide what they may do."""
+    return Actor(interaction.user.id, can_manage=can_manage(interaction))
+
+
 async def defer_and_read(interaction: discord.Interaction, attachment: discord.Attachment) -> bytes:
     """Defer (a download and what follows can outlast Discord's 3 s) and read the file; a failed download is a refusal."""
     await interaction.response.defer(ephemeral=True, thinking=True)
@@ -167,7 +174,7 @@ def memory_meta(view: MemoryView) -> str:
     parts: list[str] = []
     if view.scope_label:
         parts.append(view.scope_label)
-    parts.append("🔒 protected" if memory.protected else f"from {memory.source.value}")
+    parts.append("🔒 protected" if memory.protected else f"from {SOURCE_LABELS.get(memory.source.value, memory.source.value)}")
     if memory.tags:
         parts.append("tags: " + ", ".join(memory.tags))
     if memory.channel_ids:

@@ -1,6 +1,6 @@
 """`python -m bot smoke` against the fake chat server: the report, the verdict line and the exit status.
 
-The real runs (llama.cpp with small models) are in the README; here the fake answers the first turn with a
+The real runs (llama.cpp with small models) are in docs/models.md; here the fake answers the first turn with a
 call written as text, the way those models do, so the verdict logic and the report are checked without one.
 """
 
@@ -52,6 +52,8 @@ async def test_a_call_written_as_text_is_saved_and_the_verdict_is_pass(
     # the last turn is a day later: its message rolled the day over, and the first day was summarised
     assert len(chat.summary_requests) == 1 and "Chat of Thu 2026-01-01" in chat.summary_requests[0]["messages"][1]["content"]
     assert "Day summary of Thu 2026-01-01 (" in out and "Juno: Hi! I'm Juno." in out
+    assert "Day-end notes of 2026-01-01: 0 kept, 0 left out" in out  # the fake summary model notes no facts
+    assert "Memories written by the day-end notes: 0" in out
     last = chat.messages()
     assert any(m["role"] == "assistant" and m["content"] == "Paris." for m in last)  # the bot's replies were recorded
 

@@ -46,6 +46,8 @@ class ChatLog:
             created_at=message.created_at,
             names=names,
             parent_channel_id=None if message.private_thread else message.parent_channel_id,
+            author_can_manage=message.author_can_manage,
+            private_thread=message.private_thread,
         )
 
     async def record_and_read_window(

@@ -37,6 +37,8 @@ async def record_chat_message(
     created_at: datetime,
     names: Mapping[int, str] | None = None,
     parent_channel_id: int | None = None,
+    author_can_manage: bool = False,
+    private_thread: bool = False,
 ) -> bool:
     """Store a message once; a second delivery (gateway resume, history backfill) changes nothing.
 
@@ -53,8 +55,8 @@ async def record_chat_message(
     return bool(
         await conn.fetchval(
             "WITH message AS ("
-            f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS})"
-            "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $13) ON CONFLICT (channel_id, message_id)"
+            f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS}, author_can_manage, private_thread)"
+            "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $13, $14, $15) ON CONFLICT (channel_id, message_id)"
             "   DO UPDATE SET reply_to = EXCLUDED.reply_to"
             "   WHERE chat_messages.reply_to IS NULL AND EXCLUDED.reply_to IS NOT NULL"
             "   RETURNING xmax = 0 AS inserted"
@@ -77,6 +79,8 @@ async def record_chat_message(
             ids,
             [given[user_id] for user_id in ids],
             parent_channel_id if parent_channel_id != channel_id else None,
+            author_can_manage,
+            private_thread,
         )
     )
 
@@ -87,7 +91,7 @@ async def detach_private_thread(conn: Connection, thread_id: int) -> list[tuple[
     Returns (parent, message id) of each message moved, so the parent's summaries that hold them can go.
     """
     rows = await conn.fetch(
-        "UPDATE chat_messages m SET parent_channel_id = NULL FROM chat_messages old"
+        "UPDATE chat_messages m SET parent_channel_id = NULL, private_thread = true FROM chat_messages old"
         " WHERE m.channel_id = $1 AND m.parent_channel_id IS NOT NULL"
         "   AND old.channel_id = m.channel_id AND old.message_id = m.message_id"
         " RETURNING old.parent_channel_id AS parent, m.message_id",
@@ -310,6 +314,7 @@ async def messages_between(conn: Connection, channel_id: int, since: datetime, u
     `answered_edited` (the answered message was edited after this one was posted)."""
     return await conn.fetch(
         "SELECT m.channel_id, m.message_id, m.author_id, m.author_name, m.is_bot, m.text, m.created_at, m.reply_to,"
+        "       m.author_can_manage, m.private_thread,"
         "       m.parent_channel_id, a.author_id AS answered_author_id, a.text AS answered_text,"
         "       a.parent_channel_id AS answered_parent_id, a.message_id IS NOT NULL AS answered_stored,"
         "       coalesce(a.edited_at > m.created_at, false) AS answered_edited"
@@ -342,3 +347,4 @@ async def channels_with_messages(conn: Connection, since: datetime) -> list[asyn
         " WHERE created_at >= $1 GROUP BY 1 ORDER BY 1",
         since,
     )
+

@@ -128,3 +128,18 @@ def what_was_done(changes: Sequence[MemoryChange], extra: Sequence[str] = ()) ->
         elif change.kind == ChangeKind.REJECTED:
             said.append(f"I could not change my memory: {change.reason.rstrip('.')}.")
     return " ".join(dict.fromkeys([*said, *extra])) or "Done."
+
+
+def day_notes_notices(
+    changes: Sequence[MemoryChange], guild: GuildSettings | None, names: dict[int, str], period: str
+) -> Notices | None:
+    """The one notice of a chat day's notes: a line saying which day, then one line per change, placed and worded
+    by the server's notice settings like a reply's (personal text only in DMs)."""
+    notices = build_notices(changes, guild, names)
+    if notices is None:
+        return None
+    saved = sum(1 for change in changes if change.kind == ChangeKind.SAVED)
+    updated = sum(1 for change in changes if change.kind == ChangeKind.UPDATED)
+    counts = [f"{saved} new memor{'y' if saved == 1 else 'ies'}"] + ([f"{updated} updated"] if updated else [])
+    header = f"🗒️ What I noted from {period}: {', '.join(counts)}"
+    return Notices(notices.destination, notices.log_channel_id, notices.verbosity, (header, *notices.lines))

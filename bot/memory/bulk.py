@@ -18,7 +18,7 @@ from bot.config import Settings
 from bot.db import Connection
 from bot.embeddings.service import Embeddings
 from bot.errors import NotAllowed, NotFound
-from bot.memory import store
+from bot.memory import store, versions_store
 from bot.memory.desk_cache import DeskCache
 from bot.memory.lists import ImportEntry, ListRef
 from bot.memory.models import Memory, MemoryList
@@ -136,13 +136,18 @@ class BulkWrites:
 
     async def export_user(self, conn: Connection, user_id: int) -> dict[str, Any]:
         """A user's memories for export-my-data (inside the caller's snapshot): rows, for the command layer to shape."""
+        personal = await store.user_personal_memories(conn, user_id)
+        versions = await versions_store.versions_of_memories(conn, [row["id"] for row in personal])
         return {
-            "personal": await store.user_personal_memories(conn, user_id),
+            "personal": personal,
             "authored": await store.user_authored_server_memories(conn, user_id),
+            "versions": {memory_id: [v.as_export() for v in found] for memory_id, found in versions.items()},
         }
 
     async def forget_user(self, conn: Connection, user_id: int) -> dict[str, int]:
-        """A user's part of delete-my-data among memories (inside the caller's transaction)."""
-        counts = await store.forget_user_memories(conn, user_id)
+        """A user's part of delete-my-data among memories and their versions (inside the caller's transaction; the
+        caller has locked the person, so a day-end note about them in flight waits, then finds them gone)."""
+        versions = await versions_store.forget_user_versions(conn, user_id)
+        counts = await store.forget_user_memories(conn, user_id) | {"memory_versions": versions}
         self.desk_cache.discard_owner(user_id)
         return counts

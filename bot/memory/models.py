@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -19,11 +19,28 @@ class MemoryList(StrEnum):
 
 
 class Source(StrEnum):
-    """Who wrote the memory: the model (tool call), a person (slash command), or an import."""
+    """Who wrote the memory: the model (tool call), a person (slash command), an import, or the day-end notes
+    (what a finished chat day taught, written down by the summary pass)."""
 
     BOT = "bot"
     COMMAND = "command"
     IMPORT = "import"
+    NOTES = "notes"
+
+
+MODEL_SOURCES = frozenset({Source.BOT, Source.NOTES})
+"""The model writes these (a reply's tool call, or the day-end notes): it acts for a person, never with more
+rights than that person has by command."""
+
+
+class VersionVia(StrEnum):
+    """How a memory's text was replaced: the model's update, a command (an edit or a restore), a day-end
+    correction, or a merge of memories that belong together."""
+
+    BOT = "bot"
+    COMMAND = "command"
+    NOTES = "notes"
+    MERGE = "merge"
 
 
 class Rejection(StrEnum):
@@ -34,6 +51,7 @@ class Rejection(StrEnum):
     INVALID_TEXT = "invalid_text"
     PRIVACY = "privacy"
     NOT_ALLOWED = "not_allowed"
+    WITHDRAWN = "withdrawn"  # what the save came from was deleted or withdrawn while it was being made
 
 
 _LISTS: dict[str, MemoryList] = {member.value: member for member in MemoryList}
@@ -93,10 +111,39 @@ class Memory:
 
 
 @dataclass(frozen=True)
+class MemoryVersion:
+    """A text a memory had before a change: who wrote it and when, who replaced it, how, when and why."""
+
+    id: int
+    memory_id: int
+    text: str
+    tags: tuple[str, ...]
+    source: Source
+    written_by: int | None
+    written_at: datetime
+    replaced_by: int | None
+    replaced_via: VersionVia
+    replaced_at: datetime
+    reason: str
+
+    def as_export(self) -> dict[str, Any]:
+        """This version in an export file (docs/export-format.md); imports accept and skip it."""
+        return {
+            "text": self.text,
+            "source": self.source.value,
+            "written_at": self.written_at.astimezone(UTC).isoformat(),
+            "replaced_at": self.replaced_at.astimezone(UTC).isoformat(),
+            "replaced_via": self.replaced_via.value,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
 class NewMemory:
     """A save request. `guild_id` is where it happens (None = a DM); personal memories need `owner_id`.
 
-    `by_can_manage` is the adapter's answer to "does the actor have Manage Server here".
+    `by_can_manage` is the adapter's answer to "does the actor have Manage Server here". `conversation` is the
+    reply a model's save belongs to: what the save shows the model or forgets follows its hiding rules.
     """
 
     list: MemoryList
@@ -109,6 +156,9 @@ class NewMemory:
     tags: tuple[str, ...] = ()
     channel_ids: tuple[int, ...] = ()
     by_can_manage: bool = False
+    source_messages: tuple[tuple[int, int, int], ...] = ()
+    """Day-end notes: the (channel, message, author) the text came from; deleting one of them deletes the note."""
+    conversation: Conversation | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +174,8 @@ class Conversation:
     `channel_id` is the channel the memory channel-limits refer to (a thread passes its parent).
     `participant_ids` are the other non-bot authors of the context window (a user who is only
     mentioned is not one); the author is always a participant.
-    `context_texts` are the texts of the context window, used by tag matching.
+    `context_texts` are the texts of the context window, used by tag matching. `private_thread`: what is said
+    there never leaves it, so the model saves no server memory there.
     """
 
     guild_id: int | None
@@ -133,6 +184,7 @@ class Conversation:
     text: str
     participant_ids: tuple[int, ...] = ()
     context_texts: tuple[str, ...] = ()
+    private_thread: bool = False
 
     @property
     def participants(self) -> tuple[int, ...]:
@@ -179,6 +231,7 @@ class SaveResult:
     repeated: bool = False  # the text repeats `saved`, which was counted as used instead of storing a copy
     similar: list[Memory] = field(default_factory=list)  # the closest other memories of the list (for an update)
     replaced_text: str | None = None  # an edit: the text before it
+    kept_apart_from: int | None = None  # an update about something else than this memory: saved as new, that one kept
 
     @property
     def ok(self) -> bool:

@@ -6,7 +6,9 @@
 - `writes` (`bot.memory.writes.MemoryWrites`): saves, edits and deletes;
 - `bulk` (`bot.memory.bulk.BulkWrites`): imports, scope moves, a user's memories for export or deletion;
 - `vectors` (`bot.memory.vectors.MemoryVectors`): memories as a kind of item the embeddings service fills;
-- `decay` (`bot.memory.decay.Decay`): whether memories decay here, and which are dormant.
+- `decay` (`bot.memory.decay.Decay`): whether memories decay here, and which are dormant;
+- `updates` (`bot.memory.updates.ModelUpdates`): the model's updates (applied, or saved beside the memory they
+  would have erased) and what the day-end notes read.
 
 The parts share the desk cache (the search fills it, every write lets go of what it deleted). SQL
 lives in `store` and `search_store`, imported only by this package. The rules are in
@@ -31,8 +33,9 @@ from bot.memory.desk_cache import DeskCache
 from bot.memory.lists import ImportEntry, ListRef
 from bot.memory.models import Conversation, Memory, NewMemory, Recall, SaveResult, Source
 from bot.memory.recall import ReplySearch
+from bot.memory.updates import ModelUpdates
 from bot.memory.vectors import MemoryVectors
-from bot.memory.writes import MemoryWrites
+from bot.memory.writes import MemoryWrites, SaveCheck
 from bot.servers.service import Servers
 
 
@@ -60,6 +63,7 @@ class MemoryCore:
         self.writes = MemoryWrites(pool, embeddings, settings, self.clock, self.servers, self.decay, self.desk_cache)
         self.bulk = BulkWrites(pool, embeddings, settings, self.clock, self.desk_cache)
         self.vectors = MemoryVectors(pool, embeddings)
+        self.updates = ModelUpdates(pool, embeddings, settings, self.servers, self.writes)
 
     # --- the rules of decay ---
 
@@ -81,8 +85,8 @@ class MemoryCore:
 
     # --- changes ---
 
-    async def save(self, request: NewMemory, *, search_available: bool = True) -> SaveResult:
-        return await self.writes.save(request, search_available=search_available)
+    async def save(self, request: NewMemory, *, search_available: bool = True, check: SaveCheck | None = None) -> SaveResult:
+        return await self.writes.save(request, search_available=search_available, check=check)
 
     async def edit(
         self,
@@ -93,8 +97,38 @@ class MemoryCore:
         via: Source = Source.COMMAND,
         by_can_manage: bool = False,
         tags: Sequence[str] | None = None,
+        reason: str = "",
     ) -> SaveResult:
-        return await self.writes.edit(memory_id, text, by=by, via=via, by_can_manage=by_can_manage, tags=tags)
+        """A change of a memory's text (and tags); the text it replaces is kept as a version (`reason`: why)."""
+        return await self.writes.edit(memory_id, text, by=by, via=via, by_can_manage=by_can_manage, tags=tags, reason=reason)
+
+    async def update_by_model(
+        self,
+        memory_id: int,
+        text: str,
+        *,
+        by: int,
+        guild_id: int | None,
+        via: Source = Source.BOT,
+        by_can_manage: bool = False,
+        reason: str = "",
+        search_available: bool = True,
+        check: SaveCheck | None = None,
+        source_messages: tuple[tuple[int, int, int], ...] = (),
+    ) -> SaveResult:
+        """The model's update: applied when about the same subject, otherwise saved as a new memory beside it."""
+        return await self.updates.update_by_model(
+            memory_id, text, by=by, guild_id=guild_id, via=via, by_can_manage=by_can_manage, reason=reason,
+            search_available=search_available, check=check, source_messages=source_messages,
+        )
+
+    async def memories_for_notes(
+        self, guild_id: int | None, channel_id: int, people: Sequence[int], texts: Sequence[str]
+    ) -> list[tuple[Memory, Any]]:
+        return await self.updates.memories_for_notes(guild_id, channel_id, people, texts)
+
+    async def current_texts(self, texts: Sequence[str], guild_id: int | None, owner_ids: Sequence[int]) -> dict[str, str]:
+        return await self.updates.current_texts(texts, guild_id, owner_ids)
 
     async def delete(
         self, memory_id: int, *, by: int, via: Source = Source.COMMAND, by_can_manage: bool = False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 
@@ -18,17 +18,30 @@ from bot.config import Settings
 from bot.db import Connection
 from bot.embeddings.service import Embeddings
 from bot.errors import InvalidInput
-from bot.memory import store
+from bot.memory import store, versions_store
 from bot.memory.decay import Decay
 from bot.memory.desk_cache import DeskCache
-from bot.memory.models import Memory, MemoryList, NewMemory, Rejection, SaveResult, Source
+from bot.memory.model_rules import model_save_refusal, model_text_refusal
+from bot.memory.models import MODEL_SOURCES, Memory, MemoryList, NewMemory, Rejection, SaveResult, Source, VersionVia
 from bot.memory.visibility import clean_text, normalize_tags
 from bot.servers.models import Privacy
 from bot.servers.service import Servers
 
 log = logging.getLogger(__name__)
 
+SaveCheck = Callable[[Connection], Awaitable[str | None]]
+"""Run inside a save's (or an edit's) transaction, under the list's lock: a reason it returns refuses the change.
+
+Day-end notes pass one that re-reads, on the same connection, what the note came from (its messages, its
+speaker's privacy and block), so a withdrawal that commits while the model was writing wins."""
+
 NUMBERS = re.compile(r"\d+")
+VERSION_VIA = {Source.BOT: VersionVia.BOT, Source.COMMAND: VersionVia.COMMAND, Source.NOTES: VersionVia.NOTES}
+DEFAULT_REASON = {
+    Source.BOT: "updated by the model in a reply",
+    Source.COMMAND: "edited with a command",
+    Source.NOTES: "corrected by the day-end notes",
+}
 
 
 def _rejected(reason: Rejection, detail: str) -> SaveResult:
@@ -58,11 +71,13 @@ class MemoryWrites:
 
     async def _save_refusal(self, conn: Connection, request: NewMemory) -> SaveResult | None:
         """Who may save what, or None when the save may go ahead."""
+        if request.via in MODEL_SOURCES and (refusal := await model_save_refusal(self.servers, conn, request)):
+            return refusal
         guild = await self.servers.guild_settings(request.guild_id, conn) if request.guild_id is not None else None
         if request.list == MemoryList.SERVER:
             if guild is None:
                 return _rejected(Rejection.NOT_ALLOWED, "server memories can only be saved in a server")
-            if request.via == Source.BOT:
+            if request.via in MODEL_SOURCES:
                 if not guild.self_teaching:
                     return _rejected(Rejection.NOT_ALLOWED, "self-teaching is switched off in this server")
                 if await self.servers.is_blocked(guild.guild_id, request.by, conn):
@@ -72,7 +87,7 @@ class MemoryWrites:
             return None
         if request.owner_id is None:
             return _rejected(Rejection.NOT_ALLOWED, "a personal memory needs the user it is about")
-        if request.via != Source.BOT:
+        if request.via not in MODEL_SOURCES:
             if request.by != request.owner_id:
                 return _rejected(Rejection.NOT_ALLOWED, "only its owner can save a personal memory")
             return None
@@ -87,11 +102,13 @@ class MemoryWrites:
                 return _rejected(Rejection.NOT_ALLOWED, "this user is blocked in this server")
         return None
 
-    async def save(self, request: NewMemory, *, search_available: bool = True) -> SaveResult:
+    async def save(self, request: NewMemory, *, search_available: bool = True, check: SaveCheck | None = None) -> SaveResult:
         """Save one memory; in a full list forget one dormant unprotected memory, or refuse.
 
         `search_available` is False when the reply this save belongs to could not search; a full
-        list then refuses rather than forget something that could not have come back.
+        list then refuses rather than forget something that could not have come back. `check` runs inside
+        the save's transaction, under the list's lock: a reason it returns refuses the save (`withdrawn`), so
+        what the save came from (day-end notes: messages, their authors' privacy) still holds when it commits.
         """
         try:
             text = clean_text(request.text, self.settings.memory_max_chars)
@@ -124,16 +141,18 @@ class MemoryWrites:
                     personas.update(await store.personas_with_personal_memories(conn, request.owner_id))
                 sizes = await store.personal_list_sizes(conn, request.owner_id, personas)
                 lists_to_free = sorted(p for p, size in sizes.items() if size >= self.settings.personal_memory_limit)
+            withdrawn = await check(conn) if check is not None else None
+            if withdrawn is not None:
+                return _rejected(Rejection.WITHDRAWN, withdrawn)
 
             closest = await store.closest_in_list(
                 conn,
                 memory_list=request.list,
-                guild_id=request.guild_id,
                 owner_id=request.owner_id,
-                persona_id=persona,
                 normalized=store.normalized_text(text),
                 space=space,
                 vector=vector,  # type: ignore[arg-type]
+                where=store.seen_in(request.conversation, request.guild_id, persona),
             )
             repeated = next((m for m, same, cos in closest if self._repeats(m, request, tags, same, cos)), None)
             if repeated is not None:
@@ -151,20 +170,16 @@ class MemoryWrites:
                         Rejection.SEARCH_UNAVAILABLE, "the list is full and the embedding model is unavailable right now"
                     )
                 for list_persona in lists_to_free:
-                    exclude = [m.id for m in forgotten]
-                    if request.list == MemoryList.SERVER:
-                        assert request.guild_id is not None
-                        candidate = await store.forgettable_server_memory(
-                            conn, request.guild_id, list_persona, dormant_after, exclude
-                        )
-                    else:
-                        assert request.owner_id is not None
-                        candidate = await store.forgettable_personal_memory(
-                            conn, request.owner_id, list_persona, dormant_after, exclude
-                        )
+                    owner = request.guild_id if request.list == MemoryList.SERVER else request.owner_id
+                    assert owner is not None
+                    candidate = await store.forgettable_memory(
+                        conn, request.list, owner, dormant_after, [m.id for m in forgotten],
+                        store.seen_in(request.conversation, request.guild_id, list_persona),
+                    )
                     if candidate is None:
+                        seen = " this conversation can see" if request.conversation is not None else ""
                         return _rejected(
-                            Rejection.LIST_FULL, "the list is full and every memory in it is in use or protected"
+                            Rejection.LIST_FULL, f"the list is full and every memory in it{seen} is in use or protected"
                         )
                     forgotten.append(candidate)
                 await store.delete_memories(conn, [m.id for m in forgotten])
@@ -187,6 +202,8 @@ class MemoryWrites:
             )
             if vector is not None and space is not None:
                 await store.store_vector(conn, saved.id, space, vector, text)  # type: ignore[arg-type]
+            if request.source_messages:
+                await store.set_memory_sources(conn, saved.id, request.source_messages)
         if vector is None and space is not None:
             self.embeddings.want_vectors()
         return SaveResult(saved=saved, forgotten=forgotten, rejected=None, detail="saved", similar=similar)
@@ -196,7 +213,7 @@ class MemoryWrites:
     ) -> bool:
         """A save repeats a memory of its list with the same reach (Global or not, channels, tags) when the text is
         the same after normalisation (no embedding needed), or the cosine reaches DUPLICATE_SIMILARITY (calibrated
-        on the built-in model: README)."""
+        on the built-in model: docs/models.md, "Duplicates")."""
         same_reach = (
             memory.is_global == request.is_global
             and tuple(memory.channel_ids) == tuple(request.channel_ids)
@@ -210,32 +227,33 @@ class MemoryWrites:
 
     # --- edits and deletes ---------------------------------------------------------------------
 
-    async def _change_refusal(
+    async def change_refusal(
         self, conn: Connection, memory: Memory, by: int, via: Source, by_can_manage: bool, *, deleting: bool
     ) -> SaveResult | None:
-        """Who may change or delete what. The model (`via` bot) acts for the person it answers, `by`, and never
-        with more rights than that person has by command; it never deletes a protected memory."""
-        if via == Source.BOT and deleting and memory.protected:
+        """Who may change or delete what. The model (`via` bot or notes) acts for the person it answers (or whose
+        words a day-end note comes from), `by`, never with more rights than that person has by command; it never
+        changes or deletes a protected memory."""
+        if via in MODEL_SOURCES and memory.protected:
             return _rejected(
                 Rejection.NOT_ALLOWED, f"memory #{memory.id} is protected (added or edited with a command, or Global); "
-                "only a command can delete it"
+                f"only a command can {'delete' if deleting else 'change'} it"
             )
         if memory.list == MemoryList.PERSONAL:
             assert memory.owner_id is not None
             if by != memory.owner_id:
                 return _rejected(Rejection.NOT_ALLOWED, "only its owner can change a personal memory")
-            if via == Source.BOT and not deleting and await self.servers.privacy(memory.owner_id, conn) != Privacy.NONE:
+            if via in MODEL_SOURCES and not deleting and await self.servers.privacy(memory.owner_id, conn) != Privacy.NONE:
                 return _rejected(
                     Rejection.PRIVACY, "this user's privacy setting does not let the bot change memories about them"
                 )
             return None
         assert memory.guild_id is not None
         guild = await self.servers.guild_settings(memory.guild_id, conn)
-        if via == Source.BOT and not guild.self_teaching:
+        if via in MODEL_SOURCES and not guild.self_teaching:
             return _rejected(Rejection.NOT_ALLOWED, "self-teaching is switched off in this server")
         if by_can_manage or (guild.member_teaching and memory.created_by == by):
             return None
-        if via == Source.BOT:
+        if via in MODEL_SOURCES:
             return _rejected(
                 Rejection.NOT_ALLOWED,
                 "the person you answer could not change this server memory with /memories (it needs Manage Server, "
@@ -252,9 +270,14 @@ class MemoryWrites:
         via: Source = Source.COMMAND,
         by_can_manage: bool = False,
         tags: Sequence[str] | None = None,
+        reason: str = "",
+        check: SaveCheck | None = None,
+        source_messages: Sequence[tuple[int, int, int]] = (),
     ) -> SaveResult:
         """Change a memory's text (and its tags, when given) in one transaction. A command edit protects it;
-        the counter restarts at 0 either way."""
+        the counter restarts at 0 either way. The text it replaces is kept as a version in the same transaction
+        (`reason` says why; `by` is who changed it, or for whom the model did). A day-end correction names the
+        messages its text came from (`source_messages`); any other change of the text forgets the old ones."""
         try:
             cleaned = clean_text(text, self.settings.memory_max_chars)
         except InvalidInput as exc:
@@ -263,7 +286,9 @@ class MemoryWrites:
             memory = await store.get_memory(conn, memory_id)
             if memory is None:
                 return _rejected(Rejection.NOT_ALLOWED, f"there is no memory #{memory_id}")
-            refusal = await self._change_refusal(conn, memory, by, via, by_can_manage, deleting=False)
+            refusal = await self.change_refusal(conn, memory, by, via, by_can_manage, deleting=False)
+            if refusal is None and via in MODEL_SOURCES:
+                refusal = await model_text_refusal(self.servers, conn, cleaned)
         if refusal is not None:
             return refusal
         vector, _ = await self.embeddings.embed_one(cleaned)
@@ -273,15 +298,17 @@ class MemoryWrites:
             current = await store.get_memory(conn, memory_id, for_update=True)
             if current is None:
                 return _rejected(Rejection.NOT_ALLOWED, f"memory #{memory_id} was deleted meanwhile")
-            by_command = via == Source.COMMAND
+            withdrawn = await check(conn) if check is not None else None
+            if withdrawn is not None:
+                return _rejected(Rejection.WITHDRAWN, withdrawn)
+            if cleaned != current.text:
+                await versions_store.keep_version(
+                    conn, current, replaced_by=by, via=VERSION_VIA[via], reason=reason or DEFAULT_REASON[via], at=now
+                )
+                await store.set_memory_sources(conn, memory_id, source_messages if via == Source.NOTES else ())
             updated = await store.update_memory_text(
-                conn,
-                memory_id,
-                text=cleaned,
-                source=Source.COMMAND if by_command else current.source,
-                protected=current.protected or by_command,
-                now=now,
-                today=today,
+                conn, memory_id, text=cleaned, source=via if via in (Source.COMMAND, Source.NOTES) else current.source,
+                protected=current.protected or via == Source.COMMAND, now=now, today=today,
             )
             if tags is not None and tuple(tags) != updated.tags:
                 await store.set_memory_tags(conn, memory_id, tags, now)
@@ -300,7 +327,7 @@ class MemoryWrites:
             memory = await store.get_memory(conn, memory_id, for_update=True)
             if memory is None:
                 return _rejected(Rejection.NOT_ALLOWED, f"there is no memory #{memory_id}")
-            refusal = await self._change_refusal(conn, memory, by, via, by_can_manage, deleting=True)
+            refusal = await self.change_refusal(conn, memory, by, via, by_can_manage, deleting=True)
             if refusal is not None:
                 return refusal
             await store.delete_memories(conn, [memory_id])

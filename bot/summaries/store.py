@@ -158,6 +158,7 @@ async def mark_deleted(conn: Connection, summary_id: int, at: datetime) -> bool:
 
 async def forget_channel(conn: Connection, channel_id: int) -> int:
     await conn.execute("DELETE FROM summary_switches WHERE scope_id = $1", channel_id)
+    await conn.execute("DELETE FROM day_notes WHERE channel_id = $1", channel_id)
     status = await conn.execute("DELETE FROM channel_summaries WHERE channel_id = $1", channel_id)
     return int(status.split()[-1])
 
@@ -256,3 +257,28 @@ async def switches(conn: Connection, guild_id: int) -> dict[int, bool]:
     """Every switch of a server: its own (scope_id = the server's id) and its channels'."""
     rows = await conn.fetch("SELECT scope_id, enabled FROM summary_switches WHERE guild_id = $1 OR scope_id = $1", guild_id)
     return {row["scope_id"]: row["enabled"] for row in rows}
+
+
+async def notes_written_since(conn: Connection, channel_id: int, day: date) -> bool:
+    """Whether this day, or a later one, of the channel already had its notes written."""
+    return bool(
+        await conn.fetchval("SELECT 1 FROM day_notes WHERE channel_id = $1 AND period_start >= $2 LIMIT 1", channel_id, day)
+    )
+
+
+async def claim_day_notes(conn: Connection, channel_id: int, guild_id: int | None, day: date, at: datetime) -> bool:
+    """Claim a day's notes before writing them (once, whichever process gets there first); False: already claimed."""
+    return bool(
+        await conn.fetchval(
+            "INSERT INTO day_notes (channel_id, period_start, guild_id, written_at) VALUES ($1, $2, $3, $4)"
+            " ON CONFLICT (channel_id, period_start) DO NOTHING RETURNING 1",
+            channel_id, day, guild_id, at,
+        )
+    )
+
+
+async def count_day_notes(conn: Connection, channel_id: int, day: date, *, saved: int, updated: int, refused: int) -> None:
+    await conn.execute(
+        "UPDATE day_notes SET saved = $3, updated = $4, refused = $5 WHERE channel_id = $1 AND period_start = $2",
+        channel_id, day, saved, updated, refused,
+    )

@@ -35,12 +35,12 @@ from bot.db import Connection
 from bot.servers.service import Servers
 from bot.summaries import store
 from bot.summaries.models import BackfillProgress, ChatCalendar, Kind, Status, Summary, period_label
+from bot.summaries.notes import DayNotes
 from bot.summaries.withdrawal import SUMMARIES_LEAVE_OUT, Transcript, Withdrawals
 from bot.summaries.writer import SummaryFailed, SummaryWriter, Written
 
 log = logging.getLogger(__name__)
 
-MAX_LINE_CHARS = 1_500  # of one message in a transcript: a pasted wall of text says little more after that
 MAX_WAIT_DAYS = 8
 WITHDRAWN_RETRIES = 2  # a day whose words were withdrawn while it was being written is written again at once, this often
 
@@ -57,6 +57,7 @@ class SummaryWork:
         clock: Clock,
         chat_log: ChatLog,
         servers: Servers,
+        notes: DayNotes,
         writer: SummaryWriter | None = None,
     ) -> None:
         self.pool = pool
@@ -65,6 +66,7 @@ class SummaryWork:
         self.chat_log = chat_log
         self.servers = servers
         self.writer = writer or SummaryWriter(settings)
+        self.notes = notes  # the day's transcript, its facts checked, and the day-end notes: written by the same pass
         self.withdrawals = Withdrawals(chat_log, servers)
         self.calendar = ChatCalendar(settings.summary_timezone, settings.summary_day_start_hour)
         self._seen_day: dict[int, date] = {}
@@ -208,24 +210,21 @@ class SummaryWork:
             return await self._save(
                 None, **common, status=Status.EMPTY, summary="", key_details=(), author_ids=(), message_count=0
             )
-        lines = [self._transcript_line(channel_id, m) for m in transcript.lines]
+        notes_due = await self.notes.due(channel_id, guild_id, day)
+        text = await self.notes.read(channel_id, guild_id, transcript.lines, self.calendar.local_time, remember=notes_due)
+        label = period_label(Kind.DAY, day)
         try:
-            written = await self.writer.day(f"Chat of {period_label(Kind.DAY, day)}", lines)
+            written = await self.writer.day(f"Chat of {label}", text.lines, text.preamble)
         except SummaryFailed as exc:
             return await self._failed(channel_id, guild_id, Kind.DAY, day, today, str(exc))
-        return await self._save(
-            transcript, **common, status=Status.READY, summary=written.summary, key_details=written.key_details,
+        checked = await self.notes.check(written, text)  # key details follow the notes' rules
+        saved = await self._save(
+            transcript, **common, status=Status.READY, summary=written.summary, key_details=checked.key_details,
             author_ids=transcript.people, message_count=len(transcript.lines),
         )
-
-    def _transcript_line(self, channel_id: int, message: dict[str, Any]) -> str:
-        name = " ".join(str(message["author_name"]).split()) or "someone"
-        where = " (in a thread)" if message["channel_id"] != channel_id else ""
-        who = f"{name} (bot)" if message["is_bot"] else name
-        text = " ".join(str(message["text"]).split())
-        if len(text) > MAX_LINE_CHARS:
-            text = text[:MAX_LINE_CHARS] + "…"
-        return f"[{self.calendar.local_time(message['created_at'])}]{where} {who}: {text}"
+        if saved is not None and notes_due:
+            await self.notes.write(channel_id, guild_id, day, label, checked, text, self.clock.now())
+        return saved
 
     async def _fold_weeks(
         self,
@@ -267,15 +266,19 @@ class SummaryWork:
     async def _write_week(
         self, channel_id: int, guild_id: int | None, monday: date, days: Sequence[Summary], today: date
     ) -> Summary | None:
-        """Write a week from its day summaries, then store it and fold the days into it in one transaction, if none of
-        them was withdrawn meanwhile (None: nothing stored, the week is written at a later catch-up)."""
+        """Write a week from its day summaries (each day's facts as they stand now, after the week's corrections),
+        then store it and fold the days into it in one transaction, if none of them was withdrawn meanwhile (None:
+        nothing stored, the week is written at a later catch-up)."""
+        authors = sorted({author for s in days for author in s.author_ids})
+        now = await self.notes.core.current_texts([d for s in days for d in s.key_details], guild_id, authors)
+        facts = {s.id: tuple(dict.fromkeys(now.get(d, d) for d in s.key_details)) for s in days}
         try:
-            written = await self.writer.week(
-                f"Week of {period_label(Kind.WEEK, monday)}",
-                [(s.period, Written(s.summary, s.key_details, True)) for s in days],
+            written = await self.writer.week(  # each day's facts as they stand now, after the week's corrections
+                f"Week of {period_label(Kind.WEEK, monday)}", [(s.period, Written(s.summary, facts[s.id], True)) for s in days]
             )
         except SummaryFailed as exc:
             return await self._failed(channel_id, guild_id, Kind.WEEK, monday, today, str(exc))
+        details = await self.notes.week_details(written.key_details, [d for found in facts.values() for d in found])
         async with self.pool.acquire() as conn, conn.transaction():
             if not await self._days_hold(conn, days):
                 log.info("A day of %s in channel %s was withdrawn while its week was written", period_label(Kind.WEEK, monday),
@@ -283,8 +286,8 @@ class SummaryWork:
                 return None
             week = await store.save_written(
                 conn, model=self.writer.model or None, channel_id=channel_id, guild_id=guild_id, kind=Kind.WEEK,
-                start=monday, status=Status.READY, summary=written.summary, key_details=written.key_details,
-                author_ids=sorted({author for s in days for author in s.author_ids}), first_message_id=None,
+                start=monday, status=Status.READY, summary=written.summary, key_details=details,
+                author_ids=authors, first_message_id=None,
                 last_message_id=None, message_count=sum(s.message_count for s in days), at=self.clock.now(),
             )
             await store.fold_days(conn, week.id, [s.id for s in days])

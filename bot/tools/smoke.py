@@ -31,6 +31,7 @@ from bot.db import Database, throwaway_database
 from bot.embeddings.providers import Embedder
 from bot.memory.models import MemoryList
 from bot.services import Services, open_services
+from bot.tools.notes_report import day_notes_lines
 
 EXIT_PASS, EXIT_FAIL, EXIT_NO_MODEL = 0, 1, 2
 NO_MODEL = (
@@ -157,7 +158,7 @@ async def run_smoke(
         services = await stack.enter_async_context(
             open_services(settings, database=database, embedder=embedder, clock=clock, bot_user_id=BOT_USER_ID)
         )
-        persona = (await services.servers.persona(GUILD_ID))["name"]
+        persona = (await services.servers.persona(GUILD_ID)).name
         calls: list[str] = []
         _record_calls(services, calls)
         where = settings.chat_base_url or "api.openai.com"
@@ -268,6 +269,8 @@ async def _emit_day_summaries(services: Services, emit: Callable[[str], None]) -
             emit(f"  failed: {summary.last_error}")
         for detail in summary.key_details:
             emit(f"  key detail: {detail}")
+    for line in await day_notes_lines(services, CHANNEL_ID):
+        emit(line)
 
 
 def _emit_turn(report: TurnReport, emit: Callable[[str], None]) -> None:

@@ -1,0 +1,403 @@
+"""Day-end notes: what a finished chat day taught becomes memories, attributed by speaker tag to the right person,
+under every rule of a save, with one notice per day, and never from words that were withdrawn.
+
+Against the real database, the real built-in embedder, and a scripted summary model (a local OpenAI-compatible
+server answering what each test scripts): the tests check what the code keeps of the model's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+import pytest
+
+from bot.chat.messages import IncomingMessage
+from bot.chat.notices import Notices
+from bot.memory.lists import MemoryView, VectorStatus
+from bot.memory.models import Memory, MemoryList, Source, VersionVia
+from bot.servers.models import Privacy
+from bot.summaries.writer import DAY_INSTRUCTIONS, WEEK_INSTRUCTIONS, echoes, looks_like_json
+from tests.fakes import FakeChatServer
+from tests.recall_helpers import CHANNEL, GUILD, JUNO, NAMES, RIN, SAM, World, build_world
+
+BAU = 104
+NAMES[BAU] = "Bau"
+MONDAY = date(2026, 1, 5)
+
+
+def facts(*items: tuple[str, str, str] | tuple[str, str, str, str], summary: str = "A day of chat.") -> str:
+    """A day's answer: (by, about, fact[, replaces]) for each fact."""
+    return json.dumps(
+        {
+            "summary": summary,
+            "facts": [
+                {"by": by, "about": about, "fact": fact, **({"replaces": extra[0]} if extra else {})}
+                for by, about, fact, *extra in items
+            ],
+        }
+    )
+
+
+@pytest.fixture
+async def summarizer() -> AsyncIterator[FakeChatServer]:
+    async with FakeChatServer(default_text=facts(), summaries_aside=False) as server:
+        yield server
+
+
+@pytest.fixture
+async def world(make_core, clock, chat: FakeChatServer, summarizer: FakeChatServer) -> World:
+    return await notes_world(make_core, clock, chat, summarizer)
+
+
+async def notes_world(make_core, clock, chat: FakeChatServer, summarizer: FakeChatServer, **overrides: object) -> World:
+    world = await build_world(  # a generous reply deadline: a loaded machine must not fail a test on time
+        make_core, clock, chat.base_url, summary_base_url=summarizer.base_url, summary_model="fake-summary",
+        **{"chat_timeout_s": 60.0, **overrides},
+    )
+    world.services.summaries.notes.listener = Told()
+    return world
+
+
+class Told:
+    """The adapter's side of the day's notice: what it was asked to post, and where."""
+
+    def __init__(self) -> None:
+        self.notices: list[tuple[int, int | None, Notices]] = []
+
+    async def __call__(self, channel_id: int, guild_id: int | None, notices: Notices) -> None:
+        self.notices.append((channel_id, guild_id, notices))
+
+
+def told(world: World) -> Told:
+    listener = world.services.summaries.notes.listener
+    assert isinstance(listener, Told)
+    return listener
+
+
+async def say(
+    world: World, day: date, lines: Sequence[tuple[int, str]], *, settle: bool = True, **extra: Any
+) -> list[IncomingMessage]:
+    """Messages of one chat day, handed to the chat service as the cog does (the background work awaited)."""
+    world.clock.current = max(world.clock.current, datetime.combine(day, time(10), UTC))
+    sent = []
+    for author, text in lines:
+        world.clock.current += timedelta(minutes=1)
+        message = dataclasses.replace(world.message(author, text), **extra)
+        await world.services.chat.handle(message)
+        if settle:
+            await world.services.summaries.settle()
+        sent.append(message)
+    return sent
+
+
+async def end_day(world: World, day: date) -> None:
+    """The next chat day's first message: the day before is summarised (and noted) in the background."""
+    await say(world, day + timedelta(days=1), [(SAM, "good morning")])
+
+
+def day_request(server: FakeChatServer, day: date, *, last: bool = False) -> str:
+    bodies = [r["messages"][1]["content"] for r in server.requests if r["messages"][0]["content"] == DAY_INSTRUCTIONS]
+    found = [body for body in bodies if day.isoformat() in body.split("\n", 1)[0]]
+    return found[-1] if last else found[0]
+
+
+async def memories(world: World) -> list[Memory]:
+    return await world.core.all_memories()
+
+
+async def key_details(world: World, day: date) -> list[str]:
+    async with world.core.pool.acquire() as conn:
+        raw = await conn.fetchval(
+            "SELECT key_details FROM channel_summaries WHERE channel_id = $1 AND kind = 'day' AND period_start = $2",
+            CHANNEL, day,
+        )
+    return json.loads(raw) if isinstance(raw, str) else list(raw or [])
+
+
+async def test_facts_become_memories_of_the_person_who_said_them_and_never_of_someone_else(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await say(world, MONDAY, [
+        (JUNO, "my cat is called Mochi, she is a tabby"),
+        (BAU, "my birthday is on March 3, I'm turning 30"),
+        (JUNO, "honestly Bau is a cheater who steals from his coworkers"),
+        (BAU, "game night is every Friday at 8pm on this server, don't forget"),
+    ])
+    summarizer.text(facts(
+        ("P1", "self", "Juno's cat is called Mochi"),
+        ("P1", "self", "Juno's birthday is on March 3"),  # Bau said it: not Juno's
+        ("P1", "self", "Bau is a cheater who steals from his coworkers"),  # a claim about another person
+        ("P2", "self", "Bau's birthday is on March 3"),
+        ("P2", "server", "Game night is every Friday at 8pm"),
+        ("BOT", "self", "Deskmate likes everyone"),
+        ("Juno", "self", "Juno likes tabby cats"),  # a name, not a tag
+        ("P7", "self", "Someone plays chess"),
+    ))
+    await end_day(world, MONDAY)
+
+    sent = day_request(summarizer, MONDAY)
+    assert "Speakers: P1 = Juno; P2 = Bau; BOT = the bot" in sent
+    assert "P1 [10:01] Juno: my cat is called Mochi" in sent and "P2 [10:02] Bau: my birthday is on March 3" in sent
+    found = {(m.list, m.owner_id, m.text, m.source, m.created_by) for m in await memories(world)}
+    assert found == {
+        (MemoryList.PERSONAL, JUNO, "Juno's cat is called Mochi", Source.NOTES, JUNO),
+        (MemoryList.PERSONAL, BAU, "Bau's birthday is on March 3", Source.NOTES, BAU),
+        (MemoryList.SERVER, None, "Game night is every Friday at 8pm", Source.NOTES, BAU),
+    }
+    # the summary's key details follow the same rules: the claim about Bau is not one
+    assert await key_details(world, MONDAY) == [
+        "Juno's cat is called Mochi", "Bau's birthday is on March 3", "Game night is every Friday at 8pm"
+    ]
+    checked = world.services.summaries.notes.last[(CHANNEL, MONDAY)]
+    reasons = {fact.text: why for fact, why in checked.dropped}
+    assert reasons["Juno's birthday is on March 3"] == "not supported by the speaker's own lines"
+    assert reasons["Bau is a cheater who steals from his coworkers"] == "a claim about another person"
+    assert reasons["Deskmate likes everyone"] == "the bot's words are never a source"
+    assert reasons["Juno likes tabby cats"] == "no speaker tag" and reasons["Someone plays chess"] == "unknown speaker tag P7"
+
+
+async def test_the_bots_lines_are_never_a_source(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [(JUNO, "what do you think of my plans?")])
+    await world.services.chat.record(
+        dataclasses.replace(world.message(9000, "Juno, I remember you are moving to Rome next month!"), is_bot=True)
+    )
+    summarizer.text(facts(("P1", "self", "Juno is moving to Rome next month")))
+    await end_day(world, MONDAY)
+    sent = day_request(summarizer, MONDAY)
+    assert re.search(r"^BOT \[\d\d:\d\d\] Deskmate: Juno, I remember you are moving to Rome", sent, re.MULTILINE)
+    assert await memories(world) == []  # only the bot said it
+
+
+async def test_nothing_about_people_with_privacy_or_blocked_and_nothing_when_self_teaching_is_off(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await world.services.servers.set_privacy(RIN, Privacy.PARTIAL)
+    await world.services.servers.set_blocked(GUILD, BAU, True)
+    await say(world, MONDAY, [
+        (RIN, "I live in Madrid now"),
+        (JUNO, "I started a pottery class"),
+        (BAU, "I have a dog named Pixel"),
+        (JUNO, "Rin told me she loves paella, and Bau's dog Pixel is cute"),
+    ])
+    summarizer.text(facts(
+        ("P1", "self", "Rin lives in Madrid"),
+        ("P2", "self", "Juno started a pottery class"),
+        ("P2", "server", "Rin loves paella"),
+        ("P2", "server", "Bau has a dog named Pixel"),
+    ))
+    await end_day(world, MONDAY)
+    sent = day_request(summarizer, MONDAY)
+    assert "Pixel" not in sent.split("\n\n", 1)[1].replace("Bau's dog Pixel", "")  # a blocked person's lines are left out
+    assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno started a pottery class")]
+    assert "Rin lives in Madrid" in await key_details(world, MONDAY)  # a summary may say it; a memory may not
+
+    await world.services.servers.update_guild_settings(GUILD, self_teaching=False)
+    tuesday = MONDAY + timedelta(days=1)
+    await say(world, tuesday, [(JUNO, "I also adopted a hamster called Bean")])
+    summarizer.text(facts(("P2", "self", "Juno adopted a hamster called Bean")))
+    await end_day(world, tuesday)
+    assert len(await memories(world)) == 1  # self-teaching off: no notes
+    assert await key_details(world, tuesday) == ["Juno adopted a hamster called Bean"]
+
+
+async def test_a_correction_updates_the_memory_keeping_the_old_text_and_an_unrelated_one_is_saved_beside(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await say(world, MONDAY, [(JUNO, "I live in Berlin, and my cat is called Mochi")])
+    summarizer.text(facts(("P1", "self", "Juno lives in Berlin"), ("P1", "self", "Juno's cat is called Mochi")))
+    await end_day(world, MONDAY)
+    berlin = next(m for m in await memories(world) if "Berlin" in m.text)
+    mochi = next(m for m in await memories(world) if "Mochi" in m.text)
+
+    tuesday = MONDAY + timedelta(days=2)
+    await say(world, tuesday, [
+        (JUNO, "big news: I moved to Lisbon last week"),
+        (JUNO, "my cat Mochi hates the new flat, so now I play chess on weekends"),
+    ])
+    summarizer.responder = respond_with_refs
+    await end_day(world, tuesday)
+    sent = day_request(summarizer, tuesday)
+    assert re.search(r"M\d \(P1\): Juno lives in Berlin", sent) and re.search(r"M\d \(P1\): Juno's cat is called Mochi", sent)
+
+    now = {m.id: m for m in await memories(world)}
+    assert now[berlin.id].text == "Juno moved to Lisbon" and now[berlin.id].source == Source.NOTES
+    assert now[mochi.id].text == "Juno's cat is called Mochi"  # the chess fact did not erase the cat
+    assert any(m.text == "Juno plays chess on weekends" and m.owner_id == JUNO for m in now.values())
+    page = await world.services.memories.versions.page(await world.services.memories.personal_list(JUNO, GUILD), berlin.id)
+    (version,) = page.versions
+    assert (version.text, version.replaced_via, version.replaced_by) == ("Juno lives in Berlin", VersionVia.NOTES, JUNO)
+    assert version.reason == f"day-end notes of Wed {tuesday.isoformat()}"
+    lines = told(world).notices[-1][2].lines
+    assert lines[0] == "🗒️ What I noted from Wed 2026-01-07: 1 new memory, 1 updated"
+    assert f"✏️ Updated a personal memory about Juno (#{berlin.id})" in lines
+
+
+def respond_with_refs(body: dict[str, Any]) -> str:
+    """Tuesday's answer: the move replaces the Berlin memory; the chess fact claims to replace the cat (wrongly)."""
+    content = body["messages"][1]["content"]
+    refs = {text: ref for ref, text in re.findall(r"^(M\d+) \(P\d+\): (.*)$", content, re.MULTILINE)}
+    return facts(
+        ("P1", "self", "Juno moved to Lisbon", refs.get("Juno lives in Berlin", "")),
+        ("P1", "self", "Juno plays chess on weekends", refs.get("Juno's cat is called Mochi", "")),
+    )
+
+
+async def test_a_message_deleted_while_the_day_is_being_read_leaves_no_note_and_a_later_deletion_takes_it_back(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    sent = await say(world, MONDAY, [(JUNO, "I work as a nurse at the city hospital"), (JUNO, "my cat is called Mochi")])
+    answer = facts(("P1", "self", "Juno works as a nurse at the city hospital"), ("P1", "self", "Juno's cat is called Mochi"))
+    again = facts(("P1", "self", "Juno works as a nurse at the city hospital"), ("P1", "self", "Juno's cat is called Mochi"))
+    summarizer.stall(1.5, then_text=answer).text(again)  # the day is read again without the deleted line
+    await say(world, MONDAY + timedelta(days=1), [(SAM, "good morning")], settle=False)
+    await asyncio.sleep(0.5)  # the summary model is writing
+    await world.services.chat.deleted(CHANNEL, [sent[0].message_id])  # Juno takes her job back meanwhile
+    await world.services.summaries.settle()
+    assert "nurse" not in day_request(summarizer, MONDAY, last=True)
+    # nothing was stored from the first answer; the second one's nurse has no line of Juno's behind it any more
+    assert [m.text for m in await memories(world)] == ["Juno's cat is called Mochi"]
+
+    await world.services.chat.deleted(CHANNEL, [sent[1].message_id])  # and later the cat: its note goes with it
+    assert await memories(world) == []
+
+
+async def test_delete_my_data_takes_back_every_note_from_the_persons_words(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [(JUNO, "I live in Berlin"), (JUNO, "our book club meets every Monday at 7pm")])
+    summarizer.text(facts(("P1", "self", "Juno lives in Berlin"), ("P1", "server", "The book club meets every Monday at 7pm")))
+    await end_day(world, MONDAY)
+    assert len(await memories(world)) == 2
+    await world.services.delete_user_data(JUNO)
+    assert await memories(world) == []  # her personal note, and the server note made of her words
+
+
+async def test_the_days_notice_is_one_and_follows_the_servers_notice_settings(world: World, summarizer: FakeChatServer) -> None:
+    await world.services.servers.update_guild_settings(GUILD, notice_verbosity="verbose", notices="log", log_channel_id=777)
+    await say(world, MONDAY, [(JUNO, "I play the cello"), (JUNO, "the server's movie night is on Saturdays")])
+    summarizer.text(facts(("P1", "self", "Juno plays the cello"), ("P1", "server", "Movie night is on Saturdays")))
+    await end_day(world, MONDAY)
+    ((channel, guild, notices),) = told(world).notices
+    assert (channel, guild, notices.destination, notices.log_channel_id) == (CHANNEL, GUILD, "log", 777)
+    ids = {m.text: m.id for m in await memories(world)}
+    assert notices.lines == (
+        "🗒️ What I noted from Mon 2026-01-05: 2 new memories",
+        f"📝 Saved a personal memory about Juno (#{ids['Juno plays the cello']})",  # personal text never in a server notice
+        f"📝 Saved a server memory (#{ids['Movie night is on Saturdays']}): “Movie night is on Saturdays”",
+    )
+
+    await world.services.servers.update_guild_settings(GUILD, notices="hidden")
+    tuesday = MONDAY + timedelta(days=1)
+    await say(world, tuesday, [(JUNO, "I also play the piano")])
+    summarizer.text(facts(("P2", "self", "Juno plays the piano")))  # Sam's "good morning" opened the day: P1
+    await end_day(world, tuesday)
+    assert told(world).notices[-1][2].destination == "hidden"  # the adapter posts nothing; the receipt of the day is the log
+    wednesday = MONDAY + timedelta(days=2)
+    await say(world, wednesday, [(JUNO, "nothing new today")])
+    await end_day(world, wednesday)
+    assert len(told(world).notices) == 2  # a day that noted nothing says nothing
+
+
+async def test_a_days_notes_are_written_once_and_never_for_an_older_day(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [(JUNO, "I am learning Japanese")])
+    summarizer.text(facts(("P1", "self", "Juno is learning Japanese")))
+    await end_day(world, MONDAY)
+    assert len(await memories(world)) == 1
+    (monday,) = [s for s in await world.services.summaries.overview(CHANNEL) if s.summary and s.period_start == MONDAY]
+    assert monday.summary is not None
+    await world.services.memories.delete(
+        await world.services.memories.personal_list(JUNO, GUILD), (await memories(world))[0].id, by=JUNO
+    )
+    summarizer.text(facts(("P1", "self", "Juno is learning Japanese")))
+    await world.services.summaries.regenerate(CHANNEL, GUILD, monday.summary.id)  # rewritten: not noted again
+    assert await memories(world) == []
+
+
+@pytest.mark.parametrize("mode", ["tools", "daily"])
+async def test_memory_notes_chooses_who_writes_memories(make_core, clock, chat: FakeChatServer, summarizer, mode: str) -> None:
+    world = await notes_world(make_core, clock, chat, summarizer, memory_notes=mode)
+    await say(world, MONDAY, [(JUNO, "I am learning Japanese")])
+    summarizer.text(facts(("P1", "self", "Juno is learning Japanese")))
+    await end_day(world, MONDAY)
+    assert len(await memories(world)) == (0 if mode == "tools" else 1)
+    await world.services.chat.handle(world.message(JUNO, "Deskmate, hi"), mentions_bot=True)
+    assert bool(chat.requests[-1].get("tools")) == (mode == "tools")  # daily: the reply's tools are not offered
+
+
+async def test_a_week_folds_the_corrected_facts(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [(JUNO, "I live in Berlin")])
+    summarizer.text(facts(("P1", "self", "Juno lives in Berlin")))
+    await end_day(world, MONDAY)
+    wednesday = MONDAY + timedelta(days=2)
+    await say(world, wednesday, [(JUNO, "I moved to Lisbon last week!")])
+    summarizer.responder = lambda body: facts(("P1", "self", "Juno moved to Lisbon", "M1"))
+    await end_day(world, wednesday)
+    assert [m.text for m in await memories(world)] == ["Juno moved to Lisbon"]
+    summarizer.responder = None
+    await say(world, MONDAY + timedelta(days=7), [(SAM, "a new week")])  # the week of Monday is folded
+    week = next(r for r in summarizer.requests if "one week" in r["messages"][0]["content"])["messages"][1]["content"]
+    assert "Juno moved to Lisbon" in week and "Juno lives in Berlin" not in week.split("\n\n", 1)[1].split('"summary"')[0]
+
+
+def every_line_a_fact(body: dict[str, Any]) -> str:
+    """A model that notes everything anyone said about themselves (the code decides what may be kept)."""
+    lines = body["messages"][1]["content"].split("\n\n", 1)[1].splitlines()
+    spoken = [re.match(r"(P\d+) \[[^\]]*\](?: \(in a thread\))? ([^:]+): (.*)", line) for line in lines]
+    return facts(*((m[1], "self", f"{m[2]}: {m[3]}") for m in spoken if m))
+
+
+async def test_nothing_said_in_a_private_thread_becomes_a_memory(world: World, summarizer: FakeChatServer) -> None:
+    summarizer.responder = every_line_a_fact
+    thread = {"channel_id": 777, "parent_channel_id": CHANNEL, "private_thread": True}
+    await say(world, MONDAY, [(JUNO, "my cat is called Mochi")])
+    await say(world, MONDAY, [(JUNO, "just between us: I am quitting my job in March")], **thread)
+    tuesday = MONDAY + timedelta(days=1)
+    await say(world, tuesday, [(JUNO, "morning!")], **thread)  # the thread's own day ends too
+    await end_day(world, MONDAY)
+    sent = [r["messages"][1]["content"] for r in summarizer.requests]
+    assert all("quitting" not in body for body in sent if "Mochi" in body)  # never in the parent's transcript
+    assert any("quitting" in body for body in sent)  # the thread's own summary has it, and only there
+    assert [m.text for m in await memories(world)] == ["Juno: my cat is called Mochi"]
+
+
+def test_an_echo_of_the_instructions_or_raw_json_is_never_a_summary() -> None:
+    assert echoes("The week's main threads in a few sentences.", WEEK_INSTRUCTIONS)
+    assert echoes("what was talked about, in a few sentences, naming who said what", DAY_INSTRUCTIONS)
+    assert not echoes("Juno's cat is called Mochi and Bau plays the cello.", DAY_INSTRUCTIONS)  # an example is no echo
+    assert looks_like_json('{"summary": "x"}') and looks_like_json('Summary: "key_details": []')
+    assert looks_like_json('["a", "b"]') and not looks_like_json("[10:02] Juno planned a picnic")
+
+
+async def test_an_echo_is_asked_again_and_a_second_one_leaves_the_day_missing(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [(JUNO, "we planned a picnic for Saturday")])
+    summarizer.text(json.dumps({"summary": "what was talked about, in a few sentences, naming who said what", "facts": []}))
+    summarizer.text(facts(summary="Juno planned a picnic for Saturday."))
+    await end_day(world, MONDAY)
+    tuesday = MONDAY + timedelta(days=1)
+    await say(world, tuesday, [(JUNO, "rain today")])
+    summarizer.text('{"summary": "{\\"summary\\": \\"rain\\"}"}').text('```json\n{"facts": []}\n```')
+    await end_day(world, tuesday)
+    async with world.core.pool.acquire() as conn:
+        found = {row["period_start"]: (row["status"], row["summary"]) for row in await conn.fetch(
+            "SELECT period_start, status, summary FROM channel_summaries WHERE channel_id = $1 AND kind = 'day'", CHANNEL)}
+    assert found[MONDAY] == ("ready", "Juno planned a picnic for Saturday.")
+    assert found[tuesday][0] == "missing"  # retried at a later rollover, never stored as an echo or raw JSON
+
+
+def test_lists_and_receipts_say_a_memory_came_from_the_day_end_notes() -> None:
+    from cogs.receipts import _memory_line
+    from cogs.ui import memory_meta
+
+    now = datetime(2026, 1, 6, tzinfo=UTC)
+    note = Memory(
+        id=7, list=MemoryList.SERVER, guild_id=GUILD, owner_id=None, persona_id=1, text="Game night is on Fridays",
+        tags=(), channel_ids=(), source=Source.NOTES, protected=False, days_unused=0, last_aged_on=now.date(),
+        last_used_at=None, created_by=JUNO, created_at=now, updated_at=now,
+    )
+    assert "from day-end notes" in _memory_line(note, 7, JUNO, "on the desk")
+    view = MemoryView(note, dormant=False, vector=VectorStatus.EMBEDDED)
+    assert "from day-end notes" in memory_meta(view)
