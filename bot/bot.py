@@ -94,6 +94,26 @@ def one_line(text: str, limit: int = 300) -> str:
     return f"{joined[:limit].rstrip()}… ({len(lines)} lines in all)"
 
 
+class OneLineReconnects(logging.Filter):
+    """discord.py logs each attempt to reconnect to the gateway as an ERROR with the whole traceback of why it lost
+    the connection: a network outage of a few minutes filled the log with screens of identical tracebacks. Such a
+    record becomes one WARNING line that keeps the reason (the bot reconnects by itself; nothing is wrong with it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None and str(record.msg).startswith("Attempting a reconnect"):
+            exc = record.exc_info[1]
+            reason = one_line(str(exc), 200) or "no detail"
+            record.msg, record.args = f"{record.getMessage()} ({type(exc).__name__}: {reason})", None
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+        return True
+
+
+def quiet_reconnects(logger: logging.Logger) -> None:
+    if not any(isinstance(existing, OneLineReconnects) for existing in logger.filters):
+        logger.addFilter(OneLineReconnects())
+
+
 def guard_gateway_parsers(parsers: dict[str, Callable[[Any], None]]) -> None:
     """Make every gateway event parser skip an event it cannot read, with one log line, instead of ending the bot.
 
@@ -145,6 +165,8 @@ class DeskmateBot(commands.AutoShardedBot):
         self.services = services
         self.sync_commands = sync_commands
         guard_gateway_parsers(self._connection.parsers)
+        for name in ("discord.shard", "discord.client"):
+            quiet_reconnects(logging.getLogger(name))
         self._stop_background: asyncio.Event | None = None
         self._background: list[asyncio.Task[None]] = []
 
@@ -210,8 +232,14 @@ class DeskmateBot(commands.AutoShardedBot):
         self._background.append(asyncio.create_task(self.services.upkeep.run(self._stop_background), name="upkeep"))
         self._background.append(asyncio.create_task(self._heartbeat(self._stop_background), name="heartbeat"))
 
+    def connected(self) -> bool:
+        """Ready, and every shard of this process has an open gateway connection (not reconnecting)."""
+        if not self.is_ready() or self.is_closed() or not self.shards:
+            return False
+        return all(not shard.is_closed() for shard in self.shards.values())
+
     async def _touch_heartbeat(self) -> None:
-        if not self.is_ready() or self.is_closed():
+        if not self.connected():  # a bot that cannot reach Discord is unhealthy, whatever it did before
             return
         path = self.settings.data_dir / "heartbeat"
         try:

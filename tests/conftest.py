@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shutil
 import subprocess
@@ -32,6 +33,22 @@ from tests.pgbouncer import Bouncer, pgbouncer_binary, running_pgbouncer
 
 TEMPLATE = "deskmate_test_template"
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def _own_temp_root() -> None:
+    """As root, the embedded servers that tests start under tmp_path run as pgserver's own user, who must be able to
+    reach tmp_path. pytest makes /tmp/pytest-of-root private (0700) again whenever any pytest session starts, so a
+    second session on the machine (another checkout's `make test`) cut a running one off its servers mid-test
+    ("pg_ctl: could not access directory ...: Permission denied"). Each checkout gets a temp root of its own."""
+    if getattr(os, "geteuid", lambda: -1)() != 0 or "PYTEST_DEBUG_TEMPROOT" in os.environ:
+        return
+    checkout = hashlib.sha256(str(Path(__file__).resolve().parents[1]).encode()).hexdigest()[:10]
+    root = Path(tempfile.gettempdir()) / f"deskmate-tests-{checkout}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = str(root)
+
+
+_own_temp_root()
 
 
 @pytest.fixture(scope="session")

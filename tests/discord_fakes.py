@@ -245,6 +245,7 @@ class FakeDiscord:
     def __init__(self, guilds: list[dict[str, Any]] | None = None) -> None:
         self.guilds = guilds if guilds is not None else [guild_payload()]
         self.token_ok = True  # False: answer logins with 401, like a wrong DISCORD_TOKEN
+        self.gateway_up = True  # False: the gateway refuses connections (see `drop_gateway`)
         self.calls: list[Call] = []
         self.messages: dict[int, dict[str, Any]] = {}
         self.attachments: dict[str, bytes] = {}
@@ -477,7 +478,16 @@ class FakeDiscord:
 
     # --- gateway ---
 
-    async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
+    async def drop_gateway(self) -> None:
+        """A gateway outage: every connection is closed and new ones are refused until `gateway_up` is True again."""
+        self.gateway_up = False
+        for socket in list(self.sockets):
+            with contextlib.suppress(Exception):
+                await socket.close()
+
+    async def _gateway(self, request: web.Request) -> web.StreamResponse:
+        if not self.gateway_up:
+            return web.Response(status=503, text="the gateway is down")
         socket = web.WebSocketResponse(max_msg_size=0)
         await socket.prepare(request)
         self.sockets.append(socket)

@@ -124,3 +124,45 @@ async def test_a_refused_command_tree_is_one_warning_line_per_attempt(
         assert "\n" not in line and len(line) < 500, line
         assert "Discord answered 400 (code 50035): Invalid Form Body; In 0.options.0.name" in line
         assert "lines in all)" in line and "chat replies go on" in line
+
+
+async def test_while_the_gateway_is_down_the_heartbeat_stops_and_each_reconnect_is_one_line(
+    db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Docker health check reads DATA_DIR/heartbeat: it must go stale while the bot cannot reach Discord (it was
+    touched all along, so a disconnected bot stayed "healthy"), and start again once the bot is back."""
+    caplog.set_level(logging.WARNING)
+    heartbeat = tmp_path / "heartbeat"
+    async with connected_bot(db_url, tmp_path) as (bot, discord_api, _chat, running):
+        for _ in range(200):
+            if heartbeat.is_file():
+                break
+            await asyncio.sleep(0.05)
+        assert bot.connected()
+        await discord_api.drop_gateway()
+        for _ in range(600):
+            if not bot.connected():
+                break
+            await asyncio.sleep(0.05)
+        assert not bot.connected()
+        os.utime(heartbeat, (1_000_000_000, 1_000_000_000))
+        await bot._touch_heartbeat()
+        assert heartbeat.stat().st_mtime == 1_000_000_000  # not touched while disconnected
+        reconnects = [r for r in caplog.records if r.getMessage().startswith("Attempting a reconnect")]
+        for _ in range(600):  # the bot retries with backoff; at least one attempt meets the closed gateway
+            reconnects = [r for r in caplog.records if r.getMessage().startswith("Attempting a reconnect")]
+            if reconnects:
+                break
+            await asyncio.sleep(0.05)
+        assert reconnects
+        for record in reconnects:
+            assert record.exc_info is None and record.levelno == logging.WARNING and "\n" not in record.getMessage()
+
+        discord_api.gateway_up = True
+        for _ in range(1200):  # back within discord.py's backoff (a minute at most here)
+            if bot.connected():
+                break
+            await asyncio.sleep(0.05)
+        assert bot.connected() and not running.done()
+        await bot._touch_heartbeat()
+        assert heartbeat.stat().st_mtime > 1_000_000_000

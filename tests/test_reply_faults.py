@@ -189,7 +189,9 @@ class KillingChatServer(FakeChatServer):
             self.armed = False
             killer = await asyncpg.connect(self.db_url)
             try:
-                await killer.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                # with a timeout, pg_terminate_backend waits until each backend is gone and its socket closed, as
+                # after a real restart (without, it only signals: the reply raced the backends' last words)
+                await killer.execute("SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity"
                                      " WHERE datname = current_database() AND pid <> pg_backend_pid()")
             finally:
                 await killer.close()
