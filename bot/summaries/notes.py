@@ -5,10 +5,11 @@ answers, with its summary, the facts the day taught, each with the tag of the pe
 about that person ("self") or the server, and which remembered fact it corrects. The code, not the model, then
 decides what becomes a memory (docs/memory-rules.md, "Versions and day-end notes"):
 
-- a tag maps back to a user id; a fact tagged with the bot, an unknown tag or a name is dropped;
-- a fact naming another speaker of the day is a claim about someone else: never a memory, never a key detail;
-- a fact must be supported by its speaker's own lines (its closest line, by the embedding model, is theirs):
-  so a birthday Bau gave is never noted as Juno's, and the bot's lines are never a source;
+- whose fact it is is decided by id: the author of the day's line that supports it best (by the embedding model,
+  the fact's names left out), never by a name; the tag the model wrote only breaks a near tie. So a birthday Bau
+  gave is never noted as Juno's, and the bot's lines are never a source;
+- a fact naming another speaker of the day is something said about someone else: never a memory, never a key
+  detail;
 - nothing from people with privacy `partial` or `full`, or blocked in the server; nothing from private threads
   (they are not in the transcript); no notes at all where self-teaching is off or MEMORY_NOTES=tools;
 - each note goes through the memory service like any save (duplicates, list limits, forgetting, privacy), as
@@ -306,31 +307,37 @@ class DayNotes:
     def _judge(
         self, fact: RawFact, day: DayText, rows: list[dict[str, Any]], scores: np.ndarray | None
     ) -> tuple[Note | None, str]:
-        found = TAG.search(fact.by)
-        if found is None:
-            return None, "no speaker tag"
-        tag = found.group(1).upper()
-        if tag == BOT_TAG:
+        """Whose fact it is (the author of the lines it comes from, by id), and whether it may be kept."""
+        claimed = self._claimed(fact, day)
+        if claimed == BOT_TAG:
             return None, "the bot's words are never a source"
-        speaker = day.speakers.get(tag)
+        speaker, sources = self._source(fact, day, rows, scores, claimed if isinstance(claimed, Speaker) else None)
         if speaker is None:
-            return None, f"unknown speaker tag {tag}"
+            return None, "not supported by one person's own lines"
         others = [s for s in day.speakers.values() if s.user_id != speaker.user_id]
         if any(names_in(fact.text, s.name) and not names_in(speaker.name, s.name) for s in others):
-            return None, "a claim about another person"
+            return None, "names someone else than the person who said it"
         if any(names_in(fact.text, name) and not names_in(speaker.name, name) for name in day.unnamed):
             return None, "names someone who asked not to be noted (privacy or block)"
         memory_list = self._list_of(fact, speaker)
         if memory_list is None:
             return None, "about someone else"
-        sources = self._support(fact, speaker, rows, scores)
-        if not sources:
-            return None, "not supported by the speaker's own lines"
         named = memory_list == MemoryList.SERVER or names_in(fact.text, speaker.name)
         text = fact.text if named else f"{speaker.name}: {fact.text}"
-        private = any(row.get("private_thread") for row in rows if (row["channel_id"], row["message_id"]) in
-                      {(channel, message) for channel, message, _ in sources})
+        said = {(channel, message) for channel, message, _ in sources}
+        private = any(row.get("private_thread") for row in rows if (row["channel_id"], row["message_id"]) in said)
         return Note(speaker, memory_list, text, self._replaced(fact, speaker, memory_list, day), sources, private), ""
+
+    @staticmethod
+    def _claimed(fact: RawFact, day: DayText) -> Speaker | str | None:
+        """Who the model says said it: a speaker tag (BOT for the bot), or else one speaker's name. Only a hint:
+        the lines the fact comes from decide (`_source`)."""
+        found = TAG.search(fact.by)
+        if found is not None:
+            tag = found.group(1).upper()
+            return BOT_TAG if tag == BOT_TAG else day.speakers.get(tag)
+        named = [s for s in day.speakers.values() if names_in(fact.by, s.name)]
+        return named[0] if len(named) == 1 else None
 
     @staticmethod
     def _list_of(fact: RawFact, speaker: Speaker) -> MemoryList | None:
@@ -342,21 +349,37 @@ class DayNotes:
         return None
 
     @staticmethod
-    def _support(
-        fact: RawFact, speaker: Speaker, rows: list[dict[str, Any]], scores: np.ndarray | None
-    ) -> tuple[tuple[int, int, int], ...]:
-        """The speaker's lines the fact comes from, or () when their own lines do not support it best."""
-        own = [i for i, row in enumerate(rows) if row["author_id"] == speaker.user_id]
-        if scores is None:  # no embedder: a shared content word with their lines
+    def _source(
+        fact: RawFact, day: DayText, rows: list[dict[str, Any]], scores: np.ndarray | None, claimed: Speaker | None
+    ) -> tuple[Speaker | None, tuple[tuple[int, int, int], ...]]:
+        """The person whose own lines the fact comes from, and those lines (at most three), or (None, ()).
+
+        The closest line (cosine of the fact, names left out, with each line and clause) must reach GROUND_MIN and
+        belong to one person: when another person's line comes within GROUND_MARGIN, the model's `by` decides
+        between them, or nobody does. Without an embedder, the claimed speaker's lines sharing a content word."""
+        by_user = {s.user_id: s for s in day.speakers.values()}
+        if scores is None:
+            if claimed is None:
+                return None, ()
             stems = content_stems(fact.text)
-            own = [i for i in own if stems & content_stems(rows[i]["text"])]
-            return tuple((rows[i]["channel_id"], rows[i]["message_id"], speaker.user_id) for i in own[:MAX_SOURCES])
-        mine = sorted(own, key=lambda i: -float(scores[i]))
-        theirs = max((float(scores[i]) for i in range(len(rows)) if i not in own), default=-1.0)
-        if not mine or float(scores[mine[0]]) < GROUND_MIN or float(scores[mine[0]]) < theirs - GROUND_MARGIN:
-            return ()
-        chosen = [i for i in mine if float(scores[i]) >= GROUND_MIN][:MAX_SOURCES]
-        return tuple((rows[i]["channel_id"], rows[i]["message_id"], speaker.user_id) for i in chosen)
+            own = [i for i, row in enumerate(rows) if row["author_id"] == claimed.user_id and stems & content_stems(row["text"])]
+            return (claimed, _sources(rows, own)) if own else (None, ())
+        best: dict[int, float] = {}
+        for i, row in enumerate(rows):
+            best[row["author_id"]] = max(best.get(row["author_id"], -1.0), float(scores[i]))
+        ranked = sorted(best, key=lambda user: -best[user])
+        if not ranked or best[ranked[0]] < GROUND_MIN:
+            return None, ()
+        close = [user for user in ranked if best[user] >= best[ranked[0]] - GROUND_MARGIN]
+        if len(close) > 1:
+            if claimed is None or claimed.user_id not in close:
+                return None, ()
+            close = [claimed.user_id]
+        speaker = by_user.get(close[0])
+        if speaker is None:
+            return None, ()
+        own = sorted((i for i, row in enumerate(rows) if row["author_id"] == speaker.user_id), key=lambda i: -float(scores[i]))
+        return speaker, _sources(rows, [i for i in own if float(scores[i]) >= GROUND_MIN])
 
     @staticmethod
     def _replaced(fact: RawFact, speaker: Speaker, memory_list: MemoryList, day: DayText) -> Memory | None:
@@ -462,16 +485,18 @@ def clauses(text: str) -> list[str]:
     return [text, *(part for part in parts if len(part) > 3 and part != text)][:8]
 
 
+def _sources(rows: list[dict[str, Any]], chosen: list[int]) -> tuple[tuple[int, int, int], ...]:
+    return tuple((rows[i]["channel_id"], rows[i]["message_id"], rows[i]["author_id"]) for i in chosen[:MAX_SOURCES])
+
+
 def _without_speaker(fact: RawFact, day: DayText) -> str:
-    """The fact without the name of the speaker its tag names: what is left is what they said about themselves."""
-    found = TAG.search(fact.by)
-    speaker = day.speakers.get(found.group(1).upper()) if found else None
-    if speaker is None:
-        return fact.text
+    """The fact without the day's speakers' names: what is left is what someone said about themselves ("Juno's cat
+    is called Mochi" -> "cat is called Mochi", closer to "my cat is called Mochi")."""
     stripped = fact.text
-    for name in {speaker.name, _first_name(speaker.name)}:
-        if len(name) >= 2:
-            stripped = re.sub(rf"(?<!\w){re.escape(name)}(?:'s|’s)?(?!\w)", " ", stripped, flags=re.IGNORECASE)
+    for speaker in day.speakers.values():
+        for name in {speaker.name, _first_name(speaker.name)}:
+            if len(name) >= 2:
+                stripped = re.sub(rf"(?<!\w){re.escape(name)}(?:'s|’s)?(?!\w)", " ", stripped, flags=re.IGNORECASE)
     return " ".join(stripped.split()) or fact.text
 
 
