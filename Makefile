@@ -15,7 +15,7 @@ $(STAMP): requirements.txt requirements-dev.txt
 run: $(STAMP)
 	$(PY) -m bot
 
-# A real chat model's four-turn check (README "Trying a real model"): needs CHAT_BASE_URL and CHAT_MODEL.
+# A real chat model's four-turn check (docs/models.md): needs CHAT_BASE_URL and CHAT_MODEL.
 smoke: $(STAMP)
 	$(PY) -m bot smoke
 
@@ -33,11 +33,11 @@ test: $(STAMP) pgbouncer
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# Benchmarks of issue 5 (BENCHMARKS.md): `make bench`, or `make bench QUICK=1` for a laptop.
+# Benchmarks (docs/benchmarks.md): `make bench`, or `make bench QUICK=1` for a laptop.
 bench: $(STAMP)
 	$(PY) -m bench $(if $(QUICK),--quick,)
 
-# Full-size reliability runs of issue 6 (RELIABILITY.md): the load test with 4 workers (2 of them OS
+# Full-size reliability runs (docs/reliability.md): the load test with 4 workers (2 of them OS
 # processes) over 11 simulated days, and the bad-input fuzzing with many more examples. Takes minutes;
 # the figures go to data/soak-report.json.
 soak: $(STAMP) pgbouncer

@@ -2,9 +2,9 @@
 
 Full run: recall at 10k, 100k and 1M memories, throughput on the 100k data, LoCoMo (all variants),
 the crowded server under the memory budget (section 4), end to end with a real chat model (section 5,
-only when BENCH_CHAT_BASE_URL and BENCH_CHAT_MODEL are set), and the generated block of BENCHMARKS.md is
+only when BENCH_CHAT_BASE_URL and BENCH_CHAT_MODEL are set), and the generated block of docs/benchmarks.md is
 refreshed. `--quick`: 10k and 100k, fewer replies,
-two LoCoMo conversations, BENCHMARKS.md left alone. The benchmark starts its own PostgreSQL in a
+two LoCoMo conversations, docs/benchmarks.md left alone. The benchmark starts its own PostgreSQL in a
 temporary directory (or uses BENCH_DATABASE_URL) and drops every database it creates.
 """
 
@@ -141,7 +141,8 @@ async def main(args: argparse.Namespace) -> int:
                 chosen_baselines = [b for b in e2e.BASELINES if b.name in args.e2e_baselines.split(",")] \
                     if args.e2e_baselines else e2e.BASELINES
                 found = await e2e.run(server, say, size=size, baselines=chosen_baselines, fresh=args.e2e_fresh,
-                                      checks=not args.e2e_skip_checks)
+                                      checks=not args.e2e_skip_checks and not args.e2e_no_judge,
+                                      judging=not args.e2e_no_judge)
                 if found:
                     results["e2e"] = found
                 else:
@@ -183,6 +184,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         " small (2 sessions of 2 conversations; the default), full (every LoCoMo conversation)")
     parser.add_argument("--e2e-baselines",
                         help="section 5: comma-separated subset of defaults,gold,none,top10 (run in that order)")
+    parser.add_argument("--e2e-no-judge", action="store_true",
+                        help="section 5: score answers by token F1 only (no judge calls; for a judge too small to trust)")
     parser.add_argument("--e2e-skip-checks", action="store_true",
                         help="section 5: report without asking the judge to check the matching rule and itself (a run cut short)")
     parser.add_argument("--e2e-fresh", action="store_true",
@@ -190,7 +193,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-locomo", action="store_true")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the search at each size")
-    parser.add_argument("--no-md", action="store_true", help="do not refresh the generated block of BENCHMARKS.md")
+    parser.add_argument("--no-md", action="store_true", help="do not refresh the generated block of docs/benchmarks.md")
     return parser.parse_args(argv)
 
 

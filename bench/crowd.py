@@ -71,7 +71,7 @@ CROWD_VARIANTS: tuple[Variant, ...] = (
     Variant("decay_used3", "MAX_USED=3 (SPEC's value)", {"max_used": 3}),
     Variant("decay_r25", "TAIL_RESERVE=0.25", {"tail_reserve": 0.25}),
 )
-# tried during development (`--crowd-variants`), each at the values it names; BENCHMARKS.md has their figures
+# tried during development (`--crowd-variants`), each at the values it names; docs/benchmarks.md has their figures
 EXTRA_VARIANTS: tuple[Variant, ...] = (
     Variant("decay_used6", "MAX_USED=6", {"max_used": 6}),
     Variant("decay_used10", "MAX_USED=10", {"max_used": 10}),

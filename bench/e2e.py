@@ -57,11 +57,13 @@ from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import Database, create_pool
 from bot.memory.models import Conversation, MemoryList, NewMemory, Recall, Source
+from bot.servers.models import Actor
 from bot.servers.service import Servers
 from bot.services import Services, build_services, memory_core
 
 BOT_USER_ID = 990_000_000_000_000_001
 BOT_NAME = "Deskmate"
+BENCH_ADMIN = Actor(990_000_000_000_000_002, can_manage=True)  # the benchmark runs its servers' settings
 ADDRESSED_SHARE = 0.25  # of the turns, the ones that address the bot
 SEED = 20_260_101
 ASK_SUFFIX = " Answer in a few words."
@@ -265,11 +267,11 @@ class Channel:
         start and the bot's posts are the ones of the model's replay (`transcript`), so the channel reads the same."""
         stats: dict[str, Any] = {"replies": 0, "failed_replies": 0, "tool_changes": 0, "gold_saved": 0}
         if gold:
-            await services.servers.update_guild_settings(self.guild_id, self_teaching=False)
+            await services.servers.update_guild_settings(self.guild_id, BENCH_ADMIN, self_teaching=False)
         for session in self.sample.sessions:
             clock.current = self.at(session.day)
             if gold:  # saved as the bot saves (source `bot`), so self-teaching is on for the moment of the saves
-                await services.servers.update_guild_settings(self.guild_id, self_teaching=True)
+                await services.servers.update_guild_settings(self.guild_id, BENCH_ADMIN, self_teaching=True)
                 for fact in session.facts:
                     owner = self.owner(fact.speaker)
                     saved = await services.core.save(NewMemory(
@@ -277,7 +279,7 @@ class Channel:
                         owner_id=owner,
                     ))
                     stats["gold_saved"] += saved.saved is not None
-                await services.servers.update_guild_settings(self.guild_id, self_teaching=False)
+                await services.servers.update_guild_settings(self.guild_id, BENCH_ADMIN, self_teaching=False)
             for t, turn in enumerate(session.turns):
                 clock.current = self.at(session.day, 2 * t)
                 addressed = self.addressed[(session.number, t)]
@@ -326,7 +328,7 @@ class Channel:
         covering: dict[int, list[int]], say: Callable[[str], None],
     ) -> list[dict[str, Any]]:
         """Each question the day after, by the first speaker, deleted again after its answer."""
-        await services.servers.update_guild_settings(self.guild_id, self_teaching=False)
+        await services.servers.update_guild_settings(self.guild_id, BENCH_ADMIN, self_teaching=False)
         answers = []
         for number, question in enumerate(questions):
             clock.current = self.at(self.question_day, 2 * number)
@@ -391,6 +393,7 @@ class Run:
     ) -> None:
         self.server, self.plan, self.chat, self.judge, self.folder, self.say = server, the_plan, chat, judge, folder, say
         self.context_tokens = context_tokens
+        self.judging = True
         self.state_path = folder / "state.json"
         self.state: dict[str, Any] = {"version": STATE_VERSION, "baselines": {}, "transcripts": {}}
         if self.state_path.is_file():
@@ -512,6 +515,9 @@ class Run:
         self.judge.phase = "judge-answers"
         for answer in answers:
             answer["f1"] = round(score.locomo_f1(answer["answer"], answer["gold"], answer["category"]), 4)
+            if not self.judging:
+                answer["judge"] = None
+                continue
             if not answer["answer"].strip():
                 answer["judge"] = False
                 continue
@@ -563,6 +569,10 @@ def recorded_seconds(folder: Path) -> float:
     return total
 
 
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def _exists(path: Path) -> bool:
     return path.is_file()
 
@@ -571,12 +581,13 @@ def summarise_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """J (judge yes), F1, both with 95% intervals; per category; and where the gold facts were."""
 
     def figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        yes = sum(1 for r in rows if r["judge"])
+        judged = [r for r in rows if r["judge"] is not None]
+        yes = sum(1 for r in judged if r["judge"])
         f1s = [r["f1"] for r in rows]
-        low, high = score.wilson(yes, len(rows))
+        low, high = score.wilson(yes, len(judged))
         f1_low, f1_high = score.bootstrap_mean(f1s, seed=SEED)
         return {
-            "n": len(rows), "j": round(yes / len(rows), 4) if rows else 0.0, "j_ci": [round(low, 3), round(high, 3)],
+            "n": len(rows), "j": round(yes / len(judged), 4) if judged else None, "j_ci": [round(low, 3), round(high, 3)],
             "f1": round(sum(f1s) / len(f1s), 4) if rows else 0.0, "f1_ci": [round(f1_low, 3), round(f1_high, 3)],
         }
 
@@ -598,12 +609,13 @@ def summarise_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
 async def run(
     server: BenchServer, say: Callable[[str], None], *, size: Size, baselines: Sequence[Baseline] = BASELINES,
     path: Path = LOCOMO_PATH, env: dict[str, str] | None = None, folder: Path | None = None, fresh: bool = False,
-    checks: bool = True,
+    checks: bool = True, judging: bool = True,
 ) -> dict[str, Any]:
     """Every baseline on the plan of `size`; {} with a note when the data or the model is missing.
 
-    `checks`: also ask the judge about the matching rule's pairs and the hand-checked judgements (when they are
-    not in the state yet); without, the report says what is missing."""
+    `judging`: False leaves the answers unjudged (J is not reported; F1 only). `checks`: also ask the judge about
+    the matching rule's pairs and the hand-checked judgements (when they are not in the state yet); without, the
+    report says what is missing."""
     if not _exists(path):
         say(f"End to end skipped: {path} is missing (its license forbids copying it into the repository).")
         return {}
@@ -635,11 +647,12 @@ async def run(
         ModelProxy(judge.base_url, judge.api_key, judge.model, run_dir / "judge-calls.jsonl", seed=SEED) as judge_proxy,
     ):
         the_run = Run(server, the_plan, chat_proxy, judge_proxy, run_dir, say, context_tokens=context_tokens)
+        the_run.judging = judging
         results: dict[str, Any] = {}
         for baseline in baselines:
             results[baseline.name] = await the_run.baseline(baseline)
             answering = results[baseline.name]["answering"]
-            say(f"  {baseline.name}: J {answering['j']:.3f} {answering['j_ci']}, F1 {answering['f1']:.3f},"
+            say(f"  {baseline.name}: J {answering['j']} {answering['j_ci']}, F1 {answering['f1']:.3f},"
                 f" gold in prompt {answering['gold_in_prompt']:.3f} ({results[baseline.name]['seconds']} s)")
         for result in results.values():
             pairs = result["saving"].get("judge_pairs")
@@ -647,8 +660,11 @@ async def run(
                 result["saving"]["judge_check"] = await the_run.judge_facts(pairs["pairs"], pairs["texts"])
                 the_run.save_state()
         judge_check = await the_run.judge_check(hand_checked_judgements()) if checks else the_run.state.get("judge_check", {})
-    for result in results.values():
+    for name, result in results.items():
         result["saving"].pop("judge_pairs", None)
+        if not judging:  # one rule for the whole table: a baseline judged by an earlier run is shown unjudged too
+            answers = [json.loads(line) for line in _lines(run_dir / f"answers-{name}.jsonl")]
+            result["answering"] = summarise_answers([{**answer, "judge": None} for answer in answers])
     return {
         "model": chat.model, "endpoint": chat.host, "quantisation": environment.get("BENCH_CHAT_QUANTISATION", ""),
         "judge_model": judge.model, "judge_endpoint": judge.host, "size": size.name,

@@ -9,7 +9,7 @@ Answers get two scores:
 
 Stored memories are matched to gold facts by the built-in embedding model: a memory covers a fact
 when their cosine similarity is at least `FACT_MATCH_SIMILARITY`. The threshold was chosen on the
-hand-checked pairs of `tests/data/e2e_matches.jsonl` (BENCHMARKS.md says how it does there); each run
+hand-checked pairs of `tests/data/e2e_matches.jsonl` (docs/benchmarks.md says how it does there); each run
 also asks the judge (`FACT_JUDGE_PROMPT`) about a sample of pairs near the threshold and reports how
 often it agrees, so a reader sees how far to trust the rule on that run's own memories.
 """

@@ -1,4 +1,4 @@
-"""The machine string, the readable table, `bench/results.json`, and the generated block of BENCHMARKS.md."""
+"""The machine string, the readable table, `bench/results.json`, and the generated block of docs/benchmarks.md."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
-BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
+BENCHMARKS_MD = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 START, END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
 
 
@@ -48,7 +48,7 @@ def _size(key: str) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    """Markdown tables: readable on a terminal and pasted as is into BENCHMARKS.md."""
+    """Markdown tables: readable on a terminal and pasted as is into docs/benchmarks.md."""
     quick = " (quick run)" if results.get("quick") else ""
     dates = results.get("dates", {})
     when = results.get("date", "")
@@ -188,19 +188,21 @@ def e2e_table(results: dict[str, Any]) -> list[str]:
             lines.append(f"| {label} | " + " | ".join(cell(b, max(e2e["chat_days"], 1)) for b in savers.values()) + " |")
     lines += [
         "",
-        "| baseline | J (judge yes) [95% CI] | F1 [95% CI] | J multi-hop / temporal / open-domain / single-hop"
+        "| baseline | J (judge yes) [95% CI] | F1 [95% CI] | J (F1 when not judged): multi-hop / temporal / open-domain"
+        " / single-hop"
         " | gold facts saved | gold in prompt | J when all gold in prompt | prompt tok / question | failed |",
         "|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for name, b in baselines.items():
         a = b["answering"]
         categories = " / ".join(
-            f"{_fmt(a['by_category'][c]['j'], 2)} ({a['by_category'][c]['n']})" if c in a["by_category"] else "–"
+            f"{_fmt(a['by_category'][c]['j'] if a.get('j') is not None else a['by_category'][c]['f1'], 2)}"
+            f" ({a['by_category'][c]['n']})" if c in a["by_category"] else "–"
             for c in CATEGORY_NAMES
         )
         when = a["all_gold_in_prompt"]
         lines.append(
-            f"| {name} | **{_fmt(a['j'], 3)}** [{a['j_ci'][0]:.2f}–{a['j_ci'][1]:.2f}] | {_fmt(a['f1'], 3)}"
+            f"| {name} | {_judged(a)} | {_fmt(a['f1'], 3)}"
             f" [{a['f1_ci'][0]:.2f}–{a['f1_ci'][1]:.2f}] | {categories} | {_fmt(a['gold_saved'], 3)}"
             f" | {_fmt(a['gold_in_prompt'], 3)} | {_fmt(when['j'], 3)} ({when['n']}) | {a['prompt_tokens']:,} | {a['failed']} |"
         )
@@ -255,6 +257,10 @@ SAVING_ROWS: tuple[tuple[str, Any], ...] = (
 )
 
 
+def _judged(a: dict[str, Any]) -> str:
+    return f"**{_fmt(a['j'], 3)}** [{a['j_ci'][0]:.2f}–{a['j_ci'][1]:.2f}]" if a.get("j") is not None else "not judged"
+
+
 def _agreement(check: dict[str, Any] | None) -> str:
     return f"{check['agree']} / {check['pairs']}" if check else "not asked in this run"
 
@@ -270,7 +276,7 @@ def write_results(results: dict[str, Any]) -> None:
 
 
 def update_benchmarks_md(results: dict[str, Any]) -> bool:
-    """Replace the generated block of BENCHMARKS.md with the latest table; False if the markers are missing."""
+    """Replace the generated block of docs/benchmarks.md with the latest table; False if the markers are missing."""
     if not BENCHMARKS_MD.is_file():
         return False
     text = BENCHMARKS_MD.read_text(encoding="utf-8")

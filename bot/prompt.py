@@ -279,17 +279,22 @@ def _summary_section(summaries: Sequence[HeadSummary]) -> str:
 
 
 def _fit_summaries(summaries: Sequence[HeadSummary], budget: int) -> tuple[list[HeadSummary], list[HeadSummary]]:
-    """The newest summaries that fit the budget (the oldest go first), kept oldest first."""
+    """The newest summaries that fit the budget, kept oldest first, and those cut. Newest first: once the budget is
+    spent the oldest go; a single summary larger than what is left is skipped, not the end (it must not hide every
+    older one)."""
     kept: list[HeadSummary] = []
+    cut: list[HeadSummary] = []
     spent = count_tokens(SUMMARIES_HEADING) + 2
     for summary in reversed(summaries):
         cost = count_tokens(summary.line) + 1
         if spent + cost > budget:
-            break
+            cut.append(summary)
+            continue
         kept.append(summary)
         spent += cost
     kept.reverse()
-    return kept, list(summaries[: len(summaries) - len(kept)])
+    cut.reverse()
+    return kept, cut
 
 
 def _history_message(line: ChatLine, names_by_message: Mapping[int, str]) -> dict[str, Any]:

@@ -38,7 +38,8 @@ from bot.history.service import HistoryIndex
 from bot.history.source import ChatHistorySource
 from bot.memory.manage import USER_DATA_FORMAT, USER_DATA_VERSION, MemoryManager
 from bot.memory.service import MemoryCore
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
+from bot.servers.rules import require_manager
 from bot.servers.service import Servers
 from bot.summaries.notes import DayNotes
 from bot.summaries.service import ChannelSummaries
@@ -106,9 +107,10 @@ class Services:
             places = await self.summaries.withdraw_person(conn, user_id, None) if level == Privacy.FULL else []
         self.summaries.recheck(places)
 
-    async def set_blocked(self, guild_id: int, user_id: int, blocked: bool) -> None:
-        """Block or unblock someone in a server. A block removes the server's summaries holding their words, as
-        `set_privacy` does for `full`."""
+    async def set_blocked(self, guild_id: int, user_id: int, blocked: bool, actor: Actor) -> None:
+        """Block or unblock someone in a server (Manage Server). A block removes the server's summaries holding their
+        words, as `set_privacy` does for `full`."""
+        require_manager(actor, "only members with Manage Server can change the blocklist here")
         async with self.database.pool.acquire() as conn, conn.transaction():
             await self.servers.lock_people(conn, [user_id], shared=False)
             await self.servers.set_blocked(guild_id, user_id, blocked, conn)
@@ -116,7 +118,7 @@ class Services:
         self.summaries.recheck(places)
 
     async def export_user_data(self, user_id: int) -> dict[str, Any]:
-        """Everything Deskmate stores about a user, in every server and DM (README "Export format"), one snapshot."""
+        """Everything Deskmate stores about a user, in every server and DM (docs/export-format.md), one snapshot."""
         async with self.database.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
             memories = await self.core.export_user(conn, user_id)
             settings = await self.servers.export_user(conn, user_id)

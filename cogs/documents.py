@@ -13,7 +13,7 @@ from discord import app_commands
 from discord.ext import commands
 
 from bot.documents.service import DocumentLibrary, describe_size
-from cogs.ui import COLOUR, Refused, can_manage, clip, defer_and_read, reply, sentence, services_of
+from cogs.ui import COLOUR, actor_of, clip, defer_and_read, reply, sentence, services_of
 
 
 def library_of(interaction: discord.Interaction) -> DocumentLibrary:
@@ -50,14 +50,10 @@ class Documents(commands.GroupCog, group_name="documents", group_description="Fi
     )
     @app_commands.describe(file="A UTF-8 .txt or .md file; a file with the same name replaces the old one")
     async def add(self, interaction: discord.Interaction, file: discord.Attachment) -> None:
-        if not can_manage(interaction):
-            raise Refused("only members with Manage Server can add documents")
         library = library_of(interaction)
-        limit = library.settings.document_max_bytes
-        if file.size > limit:
-            raise Refused(f"the file has {file.size:,} bytes; documents are limited to {limit:,} (DOCUMENT_MAX_BYTES)")
+        library.check_upload(actor_of(interaction), file.size)  # before the download
         raw = await defer_and_read(interaction, file)
-        added = await library.add(self.guild_id(interaction), file.filename, raw, by=interaction.user.id)
+        added = await library.add(self.guild_id(interaction), file.filename, raw, actor_of(interaction))
         verb = "Replaced" if added.replaced else "Added"
         lines = [f"{verb} **{discord.utils.escape_markdown(added.name)}** (#{added.id}): {added.passages} passages."]
         if added.embedded < added.passages:
@@ -90,9 +86,7 @@ class Documents(commands.GroupCog, group_name="documents", group_description="Fi
     @app_commands.describe(document="The document: start typing its name")
     @app_commands.autocomplete(document=document_autocomplete)
     async def delete(self, interaction: discord.Interaction, document: int) -> None:
-        if not can_manage(interaction):
-            raise Refused("only members with Manage Server can delete documents")
-        name = await library_of(interaction).delete(self.guild_id(interaction), document)
+        name = await library_of(interaction).delete(self.guild_id(interaction), document, actor_of(interaction))
         await reply(interaction, sentence(f"deleted the document {name} (#{document}) and its passages"))
 
 

@@ -13,14 +13,10 @@ from discord.ext import commands
 
 from bot.chat.receipts import Receipt
 from bot.memory.lists import ListRef
-from bot.memory.models import Memory
 from cogs import memory_flows as flows
 from cogs.receipts import parse_message_ref, receipt_embed
 from cogs.ui import Refused, can_manage, reply, services_of
 
-NEEDS_MANAGE = (
-    "only members with Manage Server can {what} (or anyone, for their own memories, when the server turns member teaching on)"
-)
 AnyChannel = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.StageChannel
 
 
@@ -37,22 +33,6 @@ class Memories(commands.GroupCog, group_name="memories", group_description="What
     async def ref(self, interaction: discord.Interaction) -> ListRef:
         assert interaction.guild_id is not None
         return await flows.manager_of(interaction).server_list(interaction.guild_id)
-
-    async def member_teaching(self, interaction: discord.Interaction) -> bool:
-        assert interaction.guild_id is not None
-        return (await services_of(interaction).servers.guild_settings(interaction.guild_id)).member_teaching
-
-    async def changeable(self, interaction: discord.Interaction, memory_id: int, what: str) -> tuple[ListRef, Memory]:
-        """The memory, if the caller may change it: Manage Server, or its author with member teaching on."""
-        ref = await self.ref(interaction)
-        memory = await flows.manager_of(interaction).get(ref, memory_id)
-        if can_manage(interaction):
-            return ref, memory
-        if not await self.member_teaching(interaction):
-            raise Refused(NEEDS_MANAGE.format(what=what))
-        if memory.created_by != interaction.user.id:
-            raise Refused(f"you can only {what} server memories you added yourself; ask someone with Manage Server")
-        return ref, memory
 
     async def memory_autocomplete(self, interaction: discord.Interaction, current: str) -> list[app_commands.Choice[int]]:
         if interaction.guild_id is None:
@@ -88,26 +68,20 @@ class Memories(commands.GroupCog, group_name="memories", group_description="What
         tags: app_commands.Range[str, 1, 300] | None = None,
         channel: AnyChannel | None = None,
     ) -> None:
-        manager = can_manage(interaction)
-        if not manager and not await self.member_teaching(interaction):
-            raise Refused(NEEDS_MANAGE.format(what="add server memories"))
         channels = (channel.id,) if channel is not None else ()
-        ref = await self.ref(interaction)
-        await flows.add_flow(interaction, ref, text, tags=tags, channel_ids=channels, by_can_manage=manager)
+        await flows.add_flow(interaction, await self.ref(interaction), text, tags=tags, channel_ids=channels)
 
     @app_commands.command(name="edit", description="Change a server memory's text or tags (protects it from being forgotten)")
     @app_commands.describe(memory="The memory to edit: start typing its text")
     @app_commands.autocomplete(memory=memory_autocomplete)
     async def edit(self, interaction: discord.Interaction, memory: int) -> None:
-        ref, found = await self.changeable(interaction, memory, "edit")
-        await flows.edit_flow(interaction, ref, found, by_can_manage=can_manage(interaction))
+        await flows.edit_flow(interaction, await self.ref(interaction), memory)
 
     @app_commands.command(name="delete", description="Delete a server memory for good (asks first)")
     @app_commands.describe(memory="The memory to delete: start typing its text")
     @app_commands.autocomplete(memory=memory_autocomplete)
     async def delete(self, interaction: discord.Interaction, memory: int) -> None:
-        ref, found = await self.changeable(interaction, memory, "delete")
-        await flows.delete_flow(interaction, ref, found, by_can_manage=can_manage(interaction))
+        await flows.delete_flow(interaction, await self.ref(interaction), memory)
 
     @app_commands.command(name="history", description="A server memory's earlier texts: when, why and by whom each was changed")
     @app_commands.describe(memory="The memory: start typing its text", page="Page to open (newest changes first)")
@@ -120,12 +94,10 @@ class Memories(commands.GroupCog, group_name="memories", group_description="What
     @app_commands.autocomplete(memory=memory_autocomplete)
     async def restore(self, interaction: discord.Interaction, memory: int, version: app_commands.Range[int, 1]) -> None:
         ref, _ = await self.changeable(interaction, memory, "restore")
-        await flows.restore_flow(interaction, ref, memory, version, by_can_manage=can_manage(interaction))
+        await flows.restore_flow(interaction, ref, memory, version)
 
     @app_commands.command(name="export", description="Download this server's memories as a JSON file")
     async def export(self, interaction: discord.Interaction) -> None:
-        if not can_manage(interaction):
-            raise Refused("only members with Manage Server can export the server's memories")
         await flows.export_flow(interaction, await self.ref(interaction), f"deskmate-server-{interaction.guild_id}")
 
     @app_commands.command(name="import", description="Load server memories from an export file (merge, or replace all)")
@@ -142,13 +114,11 @@ class Memories(commands.GroupCog, group_name="memories", group_description="What
     async def import_memories(
         self, interaction: discord.Interaction, file: discord.Attachment, mode: str = "merge"
     ) -> None:
-        if not can_manage(interaction):
-            raise Refused("only members with Manage Server can import server memories")
         guild = interaction.guild
         known = None
         if guild is not None and guild.channels:
             known = {channel.id for channel in guild.channels}
-        await flows.import_flow(interaction, await self.ref(interaction), file, mode, by_can_manage=True, known_channel_ids=known)
+        await flows.import_flow(interaction, await self.ref(interaction), file, mode, known_channel_ids=known)
 
     @app_commands.command(name="stats", description="How many server memories are on the desk, in the drawer, and their size")
     async def stats(self, interaction: discord.Interaction) -> None:

@@ -18,7 +18,7 @@ from bot.errors import Refusal
 from bot.memory.history import HistoryPage, describe_version
 from bot.memory.lists import ImportMode, ImportPlan, ListRef, ListStats, Page, split_tags
 from bot.memory.manage import MemoryManager
-from bot.memory.models import Memory, MemoryList
+from bot.memory.models import MemoryList
 from bot.tools.chart import days_unused_chart
 from cogs.ui import (
     COLOUR,
@@ -26,6 +26,7 @@ from cogs.ui import (
     MEMORY_PREVIEW,
     Refused,
     TextModal,
+    actor_of,
     ask_confirmation,
     clip,
     defer_and_read,
@@ -84,20 +85,19 @@ async def add_flow(
     tags: str | None,
     channel_ids: Sequence[int] = (),
     is_global: bool = False,
-    by_can_manage: bool = False,
     note: str | None = None,
 ) -> None:
-    """Save now when the text was typed in the option, or open a modal to write it."""
+    """Save now when the text was typed in the option, or open a modal to write it (not for someone refused anyway)."""
     manager = manager_of(interaction)
     tag_values = parse_tags(tags)
+    await manager.may_add(ref, actor_of(interaction))
 
     async def save(submitted: discord.Interaction, body: str, modal_tags: str | None) -> None:
         chosen_tags = parse_tags(modal_tags) if modal_tags is not None else tag_values
         result = await manager.add(
             ref,
             body,
-            by=submitted.user.id,
-            by_can_manage=by_can_manage,
+            actor=actor_of(submitted),
             tags=chosen_tags,
             channel_ids=channel_ids,
             is_global=is_global,
@@ -125,14 +125,14 @@ async def add_flow(
     await interaction.response.send_modal(modal)
 
 
-async def edit_flow(interaction: discord.Interaction, ref: ListRef, memory: Memory, *, by_can_manage: bool = False) -> None:
-    """Open a modal with the memory's text and tags; saving protects it and restarts its counter."""
+async def edit_flow(interaction: discord.Interaction, ref: ListRef, memory_id: int) -> None:
+    """Open a modal with the memory's text and tags (for someone who may change it); saving protects it and restarts
+    its counter."""
     manager = manager_of(interaction)
+    memory = await manager.changeable(ref, memory_id, actor_of(interaction), "edit")
 
     async def save(submitted: discord.Interaction, body: str, modal_tags: str | None) -> None:
-        result = await manager.edit(
-            ref, memory.id, body, by=submitted.user.id, by_can_manage=by_can_manage, tags=parse_tags(modal_tags)
-        )
+        result = await manager.edit(ref, memory.id, body, actor=actor_of(submitted), tags=parse_tags(modal_tags))
         if result.saved is None:
             await refuse(submitted, f"not changed: {result.detail}")
             return
@@ -150,11 +150,12 @@ async def edit_flow(interaction: discord.Interaction, ref: ListRef, memory: Memo
     await interaction.response.send_modal(modal)
 
 
-async def delete_flow(interaction: discord.Interaction, ref: ListRef, memory: Memory, *, by_can_manage: bool = False) -> None:
+async def delete_flow(interaction: discord.Interaction, ref: ListRef, memory_id: int) -> None:
     manager = manager_of(interaction)
+    memory = await manager.changeable(ref, memory_id, actor_of(interaction), "delete")
 
     async def confirmed(pressed: discord.Interaction) -> str:
-        result = await manager.delete(ref, memory.id, by=pressed.user.id, by_can_manage=by_can_manage)
+        result = await manager.delete(ref, memory.id, actor=actor_of(pressed))
         if result.rejected is not None:
             return sentence(f"not deleted: {result.detail}")
         return f"Deleted memory #{memory.id}."
@@ -187,13 +188,11 @@ async def history_flow(interaction: discord.Interaction, ref: ListRef, memory_id
     await send_paged(interaction, fetch, lambda p: history_embed(title, p), page - 1)
 
 
-async def restore_flow(
-    interaction: discord.Interaction, ref: ListRef, memory_id: int, version_id: int, *, by_can_manage: bool = False
-) -> None:
+async def restore_flow(interaction: discord.Interaction, ref: ListRef, memory_id: int, version_id: int) -> None:
     """Make an earlier text the memory's text again (a command edit: it protects the memory; the text it replaces
     becomes a version)."""
     result = await manager_of(interaction).versions.restore(
-        ref, memory_id, version_id, by=interaction.user.id, by_can_manage=by_can_manage
+        ref, memory_id, version_id, actor=actor_of(interaction)
     )
     if result.saved is None:
         await refuse(interaction, f"not restored: {result.detail}")
@@ -203,8 +202,9 @@ async def restore_flow(
 
 async def export_flow(interaction: discord.Interaction, ref: ListRef, filename: str) -> None:
     manager = manager_of(interaction)
+    manager.check_whole_list(ref, actor_of(interaction), "export")
     await interaction.response.defer(ephemeral=True, thinking=True)
-    doc = await manager.export(ref)
+    doc = await manager.export(ref, actor_of(interaction))
     count = len(doc["memories"])
     today = datetime.now(UTC).date().isoformat()
     noun = "memory" if count == 1 else "memories"
@@ -230,20 +230,20 @@ async def import_flow(
     attachment: discord.Attachment,
     mode: str,
     *,
-    by_can_manage: bool = False,
     known_channel_ids: set[int] | None = None,
 ) -> None:
     """Check the whole file first; merge at once, replace only after a confirmation. One transaction either way."""
     manager = manager_of(interaction)
+    actor = actor_of(interaction)
+    manager.check_whole_list(ref, actor, "import into")
     if attachment.size > manager.import_max_bytes:
         raise Refused(f"the file has {attachment.size:,} bytes; imports are limited to {manager.import_max_bytes:,}")
     raw = await defer_and_read(interaction, attachment)
     plan = manager.parse_import(ref, raw, known_channel_ids=known_channel_ids)
     chosen = ImportMode(mode)
-    by = interaction.user.id
 
     async def run(_: discord.Interaction | None = None) -> str:
-        result = await manager.import_memories(ref, plan, mode=chosen, by=by, by_can_manage=by_can_manage)
+        result = await manager.import_memories(ref, plan, mode=chosen, actor=actor)
         lines = [f"Imported {result.added} memor{'y' if result.added == 1 else 'ies'} into {ref.label} ({chosen.value})."]
         if result.removed:
             lines.append(f"Replaced {result.removed} that were there before.")

@@ -14,7 +14,7 @@ from discord.ext import commands
 from bot.memory.lists import ListRef, Scope
 from bot.servers.models import Privacy
 from cogs import memory_flows as flows
-from cogs.ui import reply, services_of
+from cogs.ui import actor_of, reply, services_of
 
 SCOPE_CHOICES = [
     app_commands.Choice(name="Global and this server's persona (what the bot uses here)", value=Scope.ALL.value),
@@ -90,17 +90,13 @@ class Personal(commands.GroupCog, group_name="personal", group_description="Your
     @app_commands.describe(memory="The memory to edit: start typing its text")
     @app_commands.autocomplete(memory=memory_autocomplete)
     async def edit(self, interaction: discord.Interaction, memory: int) -> None:
-        ref = await self.ref(interaction)
-        found = await flows.manager_of(interaction).get(ref, memory)
-        await flows.edit_flow(interaction, ref, found)
+        await flows.edit_flow(interaction, await self.ref(interaction), memory)
 
     @memories.command(name="delete", description="Delete one of your personal memories for good (asks first)")
     @app_commands.describe(memory="The memory to delete: start typing its text")
     @app_commands.autocomplete(memory=memory_autocomplete)
     async def delete(self, interaction: discord.Interaction, memory: int) -> None:
-        ref = await self.ref(interaction)
-        found = await flows.manager_of(interaction).get(ref, memory)
-        await flows.delete_flow(interaction, ref, found)
+        await flows.delete_flow(interaction, await self.ref(interaction), memory)
 
     @memories.command(name="move", description="Make a personal memory Global, or tie it to this server's persona")
     @app_commands.describe(memory="The memory to move: start typing its text", to="Where it should apply")
@@ -108,7 +104,8 @@ class Personal(commands.GroupCog, group_name="personal", group_description="Your
     @app_commands.choices(to=ADD_SCOPE_CHOICES)
     async def move(self, interaction: discord.Interaction, memory: int, to: str) -> None:
         ref = await self.ref(interaction)
-        moved = await flows.manager_of(interaction).move(ref, memory, to_global=to == Scope.GLOBAL.value, by=interaction.user.id)
+        to_global = to == Scope.GLOBAL.value
+        moved = await flows.manager_of(interaction).move(ref, memory, to_global=to_global, actor=actor_of(interaction))
         where = "Global: the bot can use it wherever you talk to it" if moved.is_global else "tied to this server's persona"
         await reply(interaction, f"Memory #{moved.id} is now {where}. It is protected from being forgotten.")
 

@@ -10,25 +10,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot.memory.visibility import clean_text
-from bot.servers.models import GuildSettings
+from bot.errors import NotAllowed
+from bot.servers.models import GuildSettings, PersonaSettings
+from bot.servers.rules import LORE_MAX_CHARS, PERSONA_NAME_MAX_CHARS, PERSONA_PROMPT_MAX_CHARS, require_manager
 from bot.servers.service import Servers
 from bot.upkeep import RebuildProgress, Upkeep
 from cogs.summaries import SummaryChannel
-from cogs.ui import COLOUR, Refused, TextModal, can_manage, clip, reply, sentence, services_of
+from cogs.ui import COLOUR, Refused, TextModal, actor_of, clip, reply, sentence, services_of
 
 log = logging.getLogger(__name__)
 ReplyChannel = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.StageChannel | discord.Thread
-MAX_AUTO_REPLY_CHANNELS = 25
-MAX_LORE_ENTRIES = 25
-LORE_MAX_CHARS = 1000
-PERSONA_PROMPT_MAX_CHARS = 4000
 ON_OFF = {True: "on", False: "off"}
 
 
@@ -41,14 +37,14 @@ async def persona_prompt_modal(servers: Servers, guild_id: int) -> TextModal:
     persona = await servers.persona(guild_id)
 
     async def save(submitted: discord.Interaction, text: str, _: str | None) -> None:
-        await servers.update_persona(guild_id, prompt=clean_text(text, PERSONA_PROMPT_MAX_CHARS))
+        await servers.update_persona(guild_id, actor_of(submitted), prompt=text)
         await reply(submitted, "Saved the persona prompt. It is part of every reply's prompt from now on.")
 
     return TextModal(
         "Persona prompt",
         save,
         label="Who is the bot here, and how does it talk?",
-        default=clip(persona["prompt"] or "", PERSONA_PROMPT_MAX_CHARS) or None,
+        default=clip(persona.prompt, PERSONA_PROMPT_MAX_CHARS) or None,
         max_length=PERSONA_PROMPT_MAX_CHARS,
     )
 
@@ -57,13 +53,13 @@ def lore_saver(servers: Servers, guild_id: int) -> Callable[[discord.Interaction
     """What saving a lore entry does, from the command's text or from the form."""
 
     async def save(submitted: discord.Interaction, body: str, _: str | None) -> None:
-        entry = await servers.add_lore(guild_id, clean_text(body, LORE_MAX_CHARS), by=submitted.user.id)
-        await reply(submitted, f"Added lore entry #{entry['id']}. It is in every prompt from now on (it never decays).")
+        entry = await servers.add_lore(guild_id, actor_of(submitted), body)
+        await reply(submitted, f"Added lore entry #{entry.id}. It is in every prompt from now on (it never decays).")
 
     return save
 
 
-def settings_embed(guild: GuildSettings, persona: dict[str, Any], lore_count: int, blocked: int) -> discord.Embed:
+def settings_embed(guild: GuildSettings, persona: PersonaSettings, lore_count: int, blocked: int) -> discord.Embed:
     embed = discord.Embed(title="Deskmate settings for this server", colour=COLOUR)
     where = {"visible": "in the channel", "hidden": "hidden", "log": "in a log channel"}[guild.notices]
     log_channel = f" (<#{guild.log_channel_id}>)" if guild.log_channel_id else ""
@@ -75,9 +71,8 @@ def settings_embed(guild: GuildSettings, persona: dict[str, Any], lore_count: in
     embed.add_field(name="Blocked members", value=str(blocked), inline=True)
     channels = " ".join(f"<#{channel}>" for channel in guild.auto_reply_channel_ids) or "none"
     embed.add_field(name="Auto-reply channels", value=channels, inline=False)
-    attributes = persona.get("attributes") or {}
-    shown = "\n".join(f"**{key}**: {value}" for key, value in sorted(attributes.items())) or "none"
-    embed.add_field(name=f"Persona: {persona['name']}", value=clip(persona["prompt"] or "(no prompt)", 600), inline=False)
+    shown = "\n".join(f"**{key}**: {value}" for key, value in sorted(persona.attributes.items())) or "none"
+    embed.add_field(name=f"Persona: {persona.name}", value=clip(persona.prompt or "(no prompt)", 600), inline=False)
     embed.add_field(name="Persona attributes", value=clip(shown, 1000), inline=False)
     embed.add_field(name="Always-on lore", value=f"{lore_count} entries (`/settings lore list`)", inline=False)
     return embed
@@ -138,8 +133,10 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
     async def interaction_check(self, interaction: discord.Interaction, /) -> bool:
         if interaction.guild_id is None:
             raise app_commands.NoPrivateMessage()
-        if not can_manage(interaction):
-            raise Refused("only members with Manage Server can change Deskmate's settings here")
+        try:  # before a form opens; the services check again on every change
+            require_manager(actor_of(interaction))
+        except NotAllowed as exc:  # discord.py reports only check failures raised here
+            raise Refused(exc.sentence) from None
         return True
 
     def guild_id(self, interaction: discord.Interaction) -> int:
@@ -147,7 +144,7 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         return interaction.guild_id
 
     async def change(self, interaction: discord.Interaction, message: str, **changes: object) -> None:
-        await servers_of(interaction).update_guild_settings(self.guild_id(interaction), **changes)
+        await servers_of(interaction).update_guild_settings(self.guild_id(interaction), actor_of(interaction), **changes)
         await reply(interaction, message)
 
     async def current(self, interaction: discord.Interaction) -> GuildSettings:
@@ -204,8 +201,6 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
             if me is not None and not log_channel.permissions_for(me).send_messages:
                 raise Refused(f"I cannot send messages in {log_channel.mention}; give me Send Messages there first")
             changes["log_channel_id"] = log_channel.id
-        if mode == "log" and log_channel is None and current.log_channel_id is None:
-            raise Refused("pick a log_channel: in log mode the notices go there")
         log_id = changes.get("log_channel_id", current.log_channel_id)
         where = {"visible": "in the channel", "hidden": "nowhere (hidden)", "log": f"to <#{log_id}>"}[mode]
         detail = changes.get("notice_verbosity", current.notice_verbosity)
@@ -287,13 +282,13 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
     async def blocklist_add(self, interaction: discord.Interaction, user: discord.User) -> None:
         if user.bot:
             raise Refused("bots never get replies anyway; there is no need to block them")
-        await services_of(interaction).set_blocked(self.guild_id(interaction), user.id, True)
+        await services_of(interaction).set_blocked(self.guild_id(interaction), user.id, True, actor_of(interaction))
         await reply(interaction, f"Blocked {user.mention}: the bot will not answer them or use their personal memories here.")
 
     @blocklist.command(name="remove", description="Unblock a member")
     @app_commands.describe(user="The member to unblock")
     async def blocklist_remove(self, interaction: discord.Interaction, user: discord.User) -> None:
-        await services_of(interaction).set_blocked(self.guild_id(interaction), user.id, False)
+        await services_of(interaction).set_blocked(self.guild_id(interaction), user.id, False, actor_of(interaction))
         await reply(interaction, f"Unblocked {user.mention}.")
 
     @blocklist.command(name="list", description="Members the bot ignores in this server")
@@ -311,27 +306,14 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
     @auto_reply.command(name="add", description="Answer every message in a channel (threads in it included)")
     @app_commands.describe(channel="The channel")
     async def auto_reply_add(self, interaction: discord.Interaction, channel: ReplyChannel) -> None:
-        current = list((await self.current(interaction)).auto_reply_channel_ids)
-        if channel.id in current:
-            raise Refused(f"{channel.mention} is already an auto-reply channel")
-        if len(current) >= MAX_AUTO_REPLY_CHANNELS:
-            raise Refused(f"a server can have at most {MAX_AUTO_REPLY_CHANNELS} auto-reply channels; remove one first")
-        await self.change(
-            interaction, f"The bot now answers every message in {channel.mention}.", auto_reply_channel_ids=[*current, channel.id]
-        )
+        await servers_of(interaction).set_auto_reply(self.guild_id(interaction), actor_of(interaction), channel.id, True)
+        await reply(interaction, f"The bot now answers every message in {channel.mention}.")
 
     @auto_reply.command(name="remove", description="Stop answering every message in a channel")
     @app_commands.describe(channel="The channel")
     async def auto_reply_remove(self, interaction: discord.Interaction, channel: ReplyChannel) -> None:
-        current = list((await self.current(interaction)).auto_reply_channel_ids)
-        if channel.id not in current:
-            raise Refused(f"{channel.mention} is not an auto-reply channel")
-        remaining = [channel_id for channel_id in current if channel_id != channel.id]
-        await self.change(
-            interaction,
-            f"The bot answers in {channel.mention} only when mentioned, replied to or called by name.",
-            auto_reply_channel_ids=remaining,
-        )
+        await servers_of(interaction).set_auto_reply(self.guild_id(interaction), actor_of(interaction), channel.id, False)
+        await reply(interaction, f"The bot answers in {channel.mention} only when mentioned, replied to or called by name.")
 
     @auto_reply.command(name="list", description="Channels where the bot answers every message")
     async def auto_reply_list(self, interaction: discord.Interaction) -> None:
@@ -344,19 +326,18 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
     @persona.command(name="show", description="The persona's name, prompt and attributes")
     async def persona_show(self, interaction: discord.Interaction) -> None:
         persona = await servers_of(interaction).persona(self.guild_id(interaction))
-        embed = discord.Embed(title=f"Persona: {persona['name']}", description=clip(persona["prompt"] or "(no prompt)", 4000))
-        for key, value in sorted((persona.get("attributes") or {}).items()):
+        embed = discord.Embed(title=f"Persona: {persona.name}", description=clip(persona.prompt or "(no prompt)", 4000))
+        for key, value in sorted(persona.attributes.items()):
             embed.add_field(name=clip(key, 256), value=clip(str(value), 1024), inline=True)
         await reply(interaction, embed=embed)
 
     @persona.command(name="name", description="The name the bot goes by here (it also answers when called by it)")
     @app_commands.describe(name="The new name")
-    async def persona_name(self, interaction: discord.Interaction, name: app_commands.Range[str, 1, 80]) -> None:
-        cleaned = " ".join(name.split())
-        if not cleaned:
-            raise Refused("the name cannot be blank")
-        await servers_of(interaction).update_persona(self.guild_id(interaction), name=cleaned)
-        await reply(interaction, f"The persona is now called **{discord.utils.escape_markdown(cleaned)}**.")
+    async def persona_name(
+        self, interaction: discord.Interaction, name: app_commands.Range[str, 1, PERSONA_NAME_MAX_CHARS]
+    ) -> None:
+        persona = await servers_of(interaction).update_persona(self.guild_id(interaction), actor_of(interaction), name=name)
+        await reply(interaction, f"The persona is now called **{discord.utils.escape_markdown(persona.name)}**.")
 
     @persona.command(name="prompt", description="Write the persona prompt: who the bot is and how it talks here (opens a form)")
     async def persona_prompt(self, interaction: discord.Interaction) -> None:
@@ -370,7 +351,9 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         key: app_commands.Range[str, 1, 40],
         value: app_commands.Range[str, 1, 200] | None = None,
     ) -> None:
-        key, shown = await servers_of(interaction).set_persona_attribute(self.guild_id(interaction), key, value)
+        key, shown = await servers_of(interaction).set_persona_attribute(
+            self.guild_id(interaction), actor_of(interaction), key, value
+        )
         await reply(interaction, f"Removed the attribute **{key}**." if shown is None else f"Set **{key}** = {shown}.")
 
     # --- lore ---
@@ -381,9 +364,9 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
         entries = await servers_of(interaction).lore(interaction.guild_id)
         wanted = current.strip().lstrip("#").casefold()
         return [
-            app_commands.Choice(name=clip(f"#{entry['id']} · {' '.join(entry['text'].split())}", 100), value=entry["id"])
+            app_commands.Choice(name=clip(f"#{entry.id} · {' '.join(entry.text.split())}", 100), value=entry.id)
             for entry in entries
-            if wanted in entry["text"].casefold() or wanted == str(entry["id"])
+            if wanted in entry.text.casefold() or wanted == str(entry.id)
         ][:25]
 
     @lore.command(name="add", description="Add an always-on lore entry: a rule or fact in every prompt (opens a form)")
@@ -391,11 +374,7 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
     async def lore_add(
         self, interaction: discord.Interaction, text: app_commands.Range[str, 1, LORE_MAX_CHARS] | None = None
     ) -> None:
-        guild_id = self.guild_id(interaction)
-        servers = servers_of(interaction)
-        if len(await servers.lore(guild_id)) >= MAX_LORE_ENTRIES:
-            raise Refused(f"a server can have at most {MAX_LORE_ENTRIES} lore entries; remove one first")
-        save = lore_saver(servers, guild_id)
+        save = lore_saver(servers_of(interaction), self.guild_id(interaction))
         if text is not None:
             await save(interaction, text, None)
             return
@@ -413,16 +392,15 @@ class Settings(commands.GroupCog, group_name="settings", group_description="Desk
 
         embed = discord.Embed(title="Always-on lore", colour=COLOUR)
         for entry in entries:
-            embed.add_field(name=f"#{entry['id']}", value=clip(entry["text"], 1000), inline=False)
-        embed.set_footer(text=f"~{sum(count_tokens(entry['text']) for entry in entries)} tokens in every prompt")
+            embed.add_field(name=f"#{entry.id}", value=clip(entry.text, 1000), inline=False)
+        embed.set_footer(text=f"~{sum(count_tokens(entry.text) for entry in entries)} tokens in every prompt")
         await reply(interaction, embed=embed)
 
     @lore.command(name="remove", description="Remove an always-on lore entry")
     @app_commands.describe(entry="The entry to remove: start typing its text")
     @app_commands.autocomplete(entry=lore_autocomplete)
     async def lore_remove(self, interaction: discord.Interaction, entry: int) -> None:
-        if not await servers_of(interaction).remove_lore(self.guild_id(interaction), entry):
-            raise Refused(f"there is no lore entry #{entry} in this server")
+        await servers_of(interaction).remove_lore(self.guild_id(interaction), actor_of(interaction), entry)
         await reply(interaction, sentence(f"removed lore entry #{entry}"))
 
 

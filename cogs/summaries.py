@@ -17,6 +17,7 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
+from bot.errors import NotAllowed
 from bot.summaries.models import BackfillProgress, Kind, Off, OverviewEntry, Status, Summary, period_label
 from bot.summaries.service import ChannelSummaries
 from bot.summaries.writer import MAX_KEY_DETAILS, MAX_SUMMARY_CHARS
@@ -24,8 +25,8 @@ from cogs.ui import (
     COLOUR,
     OwnedView,
     Refused,
+    actor_of,
     ask_confirmation,
-    can_manage,
     clip,
     quote,
     reply,
@@ -41,7 +42,6 @@ LINES_PER_PAGE = 15
 BACKFILL_LIFETIME_S = 15 * 60.0  # an interaction's token lives 15 minutes: the Stop button with it
 FAILED_SHOWN = 5
 SummaryChannel = discord.TextChannel | discord.VoiceChannel | discord.ForumChannel | discord.StageChannel
-NEEDS_MANAGE = "only members with Manage Server can {what} summaries"
 
 
 def summaries_of(interaction: discord.Interaction) -> ChannelSummaries:
@@ -49,11 +49,12 @@ def summaries_of(interaction: discord.Interaction) -> ChannelSummaries:
 
 
 def memory_channel(interaction: discord.Interaction, channel: SummaryChannel | None = None) -> int:
-    """The channel whose summaries a command is about: the one named, else this one (a thread's parent for a thread)."""
+    """The channel whose summaries a command is about: the one named, else this one (a public thread's parent for a
+    thread; a private thread has its own)."""
     if channel is not None:
         return channel.id
     here = interaction.channel
-    if isinstance(here, discord.Thread) and here.parent_id:
+    if isinstance(here, discord.Thread) and here.parent_id and here.type != discord.ChannelType.private_thread:
         return here.parent_id
     assert interaction.channel_id is not None
     return interaction.channel_id
@@ -76,8 +77,11 @@ async def ensure_on(interaction: discord.Interaction, channel_id: int) -> None:
 
 
 def ensure_manager(interaction: discord.Interaction, what: str) -> None:
-    if not can_manage(interaction):
-        raise Refused(NEEDS_MANAGE.format(what=what))
+    """The service's rule, asked before a form opens or a backfill starts (the service asks again on each change)."""
+    try:
+        ChannelSummaries.may_change(actor_of(interaction), what)
+    except NotAllowed as exc:
+        raise Refused(exc.sentence) from None
 
 
 # --- summaries as text -----------------------------------------------------------------------------
@@ -209,7 +213,7 @@ class SummaryModal(discord.ui.Modal):
 
     async def on_submit(self, interaction: discord.Interaction, /) -> None:
         edited = await summaries_of(interaction).edit(
-            self.summary.channel_id, self.summary.id, self.text.value, self.details.value.splitlines(), by=interaction.user.id
+            self.summary.channel_id, self.summary.id, self.text.value, self.details.value.splitlines(), actor_of(interaction)
         )
         await reply(
             interaction,
@@ -309,8 +313,8 @@ class Summaries(
         summaries = summaries_of(interaction)
         found = await summaries.get(channel_id, summary)
 
-        async def confirmed(_: discord.Interaction) -> str:
-            gone = await summaries.delete(channel_id, summary)
+        async def confirmed(pressed: discord.Interaction) -> str:
+            gone = await summaries.delete(channel_id, summary, actor_of(pressed))
             return (
                 f"Deleted summary #{gone.id} ({gone.period}): it is out of the prompt and is not written again by itself; "
                 "`/summaries regenerate` writes it anew."
@@ -331,7 +335,7 @@ class Summaries(
         await ensure_on(interaction, channel_id)
         await interaction.response.defer(ephemeral=True, thinking=True)
         # an edited one is refused by the service, and the refusal says it was kept
-        written = await summaries_of(interaction).regenerate(channel_id, interaction.guild_id, summary)
+        written = await summaries_of(interaction).regenerate(channel_id, interaction.guild_id, summary, actor_of(interaction))
         if written.last_error is not None:  # the model failed: a summary that was there stays as it was
             kept = "is still missing" if written.status == Status.MISSING else "keeps its earlier text"
             text = (

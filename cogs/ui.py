@@ -21,6 +21,7 @@ from bot.errors import Refusal
 from bot.failures import database_sentence
 from bot.memory.lists import MemoryView, Page, looks_like_instruction
 from bot.memory.models import Memory, MemoryList, SaveResult
+from bot.servers.models import Actor
 from bot.services import Services
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,11 @@ async def report_error(interaction: discord.Interaction, error: BaseException) -
 def can_manage(interaction: discord.Interaction) -> bool:
     """Manage Server in this server (Administrator implies it); never true in DMs."""
     return interaction.guild_id is not None and interaction.permissions.manage_guild
+
+
+def actor_of(interaction: discord.Interaction) -> Actor:
+    """Who runs the command, as the services decide what they may do."""
+    return Actor(interaction.user.id, can_manage=can_manage(interaction))
 
 
 async def defer_and_read(interaction: discord.Interaction, attachment: discord.Attachment) -> bytes:

@@ -125,7 +125,7 @@ def pgbouncer(pg_server_url: str) -> Iterator[Bouncer]:
 @dataclass(frozen=True)
 class Route:
     """How a test's bot processes reach PostgreSQL: directly, or through PgBouncer in transaction mode with
-    the statement cache off (`PG_STATEMENT_CACHE=false`), as README's "Scaling out" tells deployments to."""
+    the statement cache off (`PG_STATEMENT_CACHE=false`), as docs/operations.md ("PgBouncer") tells deployments to."""
 
     name: str
     bouncer: Bouncer | None = None

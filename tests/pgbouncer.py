@@ -1,7 +1,7 @@
 """A real PgBouncer in transaction mode in front of the test PostgreSQL.
 
-Deployments that scale out put PgBouncer between the bot processes and PostgreSQL (README, "Scaling
-out"). In transaction mode a server connection goes back to PgBouncer's pool after every transaction,
+Deployments that scale out put PgBouncer between the bot processes and PostgreSQL (docs/operations.md,
+"PgBouncer"). In transaction mode a server connection goes back to PgBouncer's pool after every transaction,
 so nothing tied to a session survives: named prepared statements stay behind on the server connection
 for the next client, session advisory locks are held by whichever client happens to get it. The tests
 that use this helper run the bot's own code through such a PgBouncer with `PG_STATEMENT_CACHE=false`.

@@ -33,7 +33,7 @@ TAIL_SOURCES = {"bot.history.source", "bot.documents.source"}
 DISCORD_ADAPTERS = {"bot.bot", "bot.tools.commands_doc"}
 BELOW_THE_CORE = (
     "bot.memory", "bot.servers", "bot.config", "bot.db", "bot.errors", "bot.tokens", "bot.redact", "bot.ids", "bot.failures",
-    "bot.embedded", "bot.embeddings", "bot.clock", "bot.lexical",
+    "bot.embedded", "bot.embeddings", "bot.clock", "bot.lexical", "bot.texts",
 )
 
 

@@ -39,11 +39,13 @@ from bot.memory.models import Memory, MemoryList, ScoredMemory, Source
 from bot.memory.service import MemoryCore
 from bot.memory.visibility import TAG_PATTERN, clean_text
 from bot.prompt import ChatLine, Persona, PromptInput, build_prompt, recalled_item
+from bot.servers.models import Actor
 from bot.services import memory_core
 from tests.load_world import TopicEmbedder
 
 SOAK = os.environ.get("DESKMATE_SOAK") == "1"
 GUILD, ADMIN, JUNO = 10, 1, 2
+AS_ADMIN = Actor(ADMIN, can_manage=True)
 MAX_CHARS = 1000
 
 
@@ -193,14 +195,14 @@ async def import_once(db_url: str, existing: list[str], entries: list[Any], mode
         core = memory_core(pool, fast_embedder(), settings, clock)
         manager = MemoryManager(core)
         ref = await (manager.personal_list(JUNO, GUILD) if personal else manager.server_list(GUILD))
+        who = Actor(JUNO if personal else ADMIN, can_manage=True)
         for text in existing:
-            assert (await manager.add(ref, text, by=JUNO if personal else ADMIN, by_can_manage=True)).saved
+            assert (await manager.add(ref, text, actor=who)).saved
         before = await state(core)
         raw = json.dumps({"format": EXPORT_FORMAT, "version": 1, "list": ref.list.value, "memories": entries}).encode()
         try:
             plan = manager.parse_import(ref, raw)
-            result = await manager.import_memories(ref, plan, mode=ImportMode(mode), by=JUNO if personal else ADMIN,
-                                                   by_can_manage=True)
+            result = await manager.import_memories(ref, plan, mode=ImportMode(mode), actor=who)
         except Refusal:
             assert await state(core) == before  # refused: not one row changed
             return
@@ -239,19 +241,17 @@ async def test_10000_memories_import_completely_in_one_transaction(make_core: An
            "memories": [{"text": f"Fact {n}: שלום\u200f {'🧠' * (n % 3)}", "tags": [f"t{n % 7}"]} for n in range(10_000)]}
     raw = json.dumps(doc, ensure_ascii=False).encode()
     assert len(raw) < manager.import_max_bytes
-    result = await manager.import_memories(ref, manager.parse_import(ref, raw), mode=ImportMode.MERGE, by=ADMIN,
-                                           by_can_manage=True)
+    result = await manager.import_memories(ref, manager.parse_import(ref, raw), mode=ImportMode.MERGE, actor=AS_ADMIN)
     assert (result.added, result.embedded) == (10_000, 10_000)
     assert await core.pool.fetchval("SELECT count(*) FROM memories") == 10_000
 
     # one memory replaced by a hand-written one: merging the file again would bring back the missing one and
     # leave 10,001, so it is refused after the inserts and rolled back
     await core.pool.execute("DELETE FROM memories WHERE id = (SELECT min(id) FROM memories)")
-    assert (await manager.add(ref, "one more, added by hand", by=ADMIN, by_can_manage=True)).saved
+    assert (await manager.add(ref, "one more, added by hand", actor=AS_ADMIN)).saved
     before = await state(core)
     with pytest.raises(Refusal, match="would leave 10001 server memories; the limit is 10000"):
-        await manager.import_memories(ref, manager.parse_import(ref, raw), mode=ImportMode.MERGE, by=ADMIN,
-                                      by_can_manage=True)
+        await manager.import_memories(ref, manager.parse_import(ref, raw), mode=ImportMode.MERGE, actor=AS_ADMIN)
     assert await state(core) == before
 
 
@@ -261,7 +261,7 @@ async def test_a_failure_in_the_middle_of_an_import_leaves_nothing_behind(
     core: MemoryCore = await make_core(embedder=fast_embedder())
     manager = MemoryManager(core)
     ref = await manager.server_list(GUILD)
-    assert (await manager.add(ref, "Already here", by=ADMIN, by_can_manage=True)).saved
+    assert (await manager.add(ref, "Already here", actor=AS_ADMIN)).saved
     before = await state(core)
     real = store.store_vector
     calls = 0
@@ -277,7 +277,7 @@ async def test_a_failure_in_the_middle_of_an_import_leaves_nothing_behind(
     plan = manager.parse_import(ref, json.dumps({"format": EXPORT_FORMAT, "version": 1, "list": "server",
                                                  "memories": [f"fact {n}" for n in range(20)]}).encode())
     with pytest.raises(ConnectionResetError):
-        await manager.import_memories(ref, plan, mode=ImportMode.REPLACE, by=ADMIN, by_can_manage=True)
+        await manager.import_memories(ref, plan, mode=ImportMode.REPLACE, actor=AS_ADMIN)
     assert await state(core) == before and calls == 5
 
 

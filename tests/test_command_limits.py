@@ -18,6 +18,7 @@ from typing import Any
 
 from bot.memory.models import MemoryList, NewMemory, Source
 from bot.memory.service import MemoryCore
+from bot.servers.models import Actor
 from tests.discord_fakes import (
     GENERAL_ID,
     GUILD_ID,
@@ -124,7 +125,7 @@ async def test_search_list_and_settings_options_at_their_limits(harness: SlashHa
     far = await harness.run(harness.slash("memories list", ADMIN, page=10_000))
     assert "No server memories" in far.text() or far.embeds
 
-    name_cases = {"   ": "The name cannot be blank.", "a\nb   c": "**a b c**", "N" * 80: "N" * 80}
+    name_cases = {"   ": "The persona's name is empty.", "a\nb   c": "**a b c**", "N" * 80: "N" * 80}
     for raw, expected in name_cases.items():
         call = await harness.run(harness.slash("settings persona name", ADMIN, name=raw))
         assert expected in call.content, (raw, call.content)
@@ -151,9 +152,9 @@ async def test_views_that_grow_with_the_data_always_fit(harness: SlashHarness) -
         assert result.saved is not None, result.detail
     pipeline = harness.bot.services.pipeline  # type: ignore[attr-defined]
     for number in range(25):
-        await pipeline.servers.add_lore(GUILD_ID, f"Lore {number}: " + "l" * 990, by=ADMIN.id)
+        await pipeline.servers.add_lore(GUILD_ID, Actor(ADMIN.id, can_manage=True), f"Lore {number}: " + "l" * 990)
     attributes = {f"key{n:02d}" + "k" * 35: "v" * 200 for n in range(25)}
-    await pipeline.servers.update_persona(GUILD_ID, prompt="P" * 4000, attributes=attributes)
+    await pipeline.servers.update_persona(GUILD_ID, Actor(1, can_manage=True), prompt="P" * 4000, attributes=attributes)
 
     for path in ("memories list", "settings lore list", "settings persona show", "settings show", "memories stats"):
         call = await harness.run(harness.slash(path, ADMIN))
@@ -187,7 +188,7 @@ async def test_memory_mentions_never_ping_in_replies_notices_lists_or_exports(li
     core: MemoryCore = live.bot.services.core  # type: ignore[assignment]
     h = SlashHarness(live.bot, live.fake)
     admin, juno = ADMIN, JUNO
-    await core.servers.update_guild_settings(GUILD_ID, notices="visible", notice_verbosity="verbose")
+    await core.servers.update_guild_settings(GUILD_ID, Actor(1, can_manage=True), notices="visible", notice_verbosity="verbose")
     assert (await h.run(h.slash("memories add", admin, text=MENTIONS))).content.startswith("Saved")
     assert (await h.run(h.slash("personal memories add", juno, text="Juno says hi to " + MENTIONS))).content.startswith("Saved")
 
@@ -202,7 +203,7 @@ async def test_memory_mentions_never_ping_in_replies_notices_lists_or_exports(li
         command = h.slash(path, person, **values)
         await h.next_call(command, after=await h.run(command))
     # and the permission report in a log channel
-    await core.servers.update_guild_settings(GUILD_ID, notices="log", log_channel_id=LOG_CHANNEL_ID)
+    await core.servers.update_guild_settings(GUILD_ID, Actor(1, can_manage=True), notices="log", log_channel_id=LOG_CHANNEL_ID)
     live.fake.fail("POST", f"/channels/{GENERAL_ID}/messages", 403, code=50013, message="Missing Permissions")
     await live.say("are you there?")
 

@@ -21,7 +21,7 @@ from bot.chat.messages import IncomingMessage
 from bot.chat.notices import Notices
 from bot.memory.lists import MemoryView, VectorStatus
 from bot.memory.models import Memory, MemoryList, Source, VersionVia
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
 from bot.summaries.writer import DAY_INSTRUCTIONS, WEEK_INSTRUCTIONS, echoes, looks_like_json
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import CHANNEL, GUILD, JUNO, NAMES, RIN, SAM, World, build_world
@@ -197,7 +197,7 @@ async def test_nothing_about_people_with_privacy_or_blocked_and_nothing_when_sel
     assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno started a pottery class")]
     assert "Rin lives in Madrid" in await key_details(world, MONDAY)  # a summary may say it; a memory may not
 
-    await world.services.servers.update_guild_settings(GUILD, self_teaching=False)
+    await world.services.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), self_teaching=False)
     tuesday = MONDAY + timedelta(days=1)
     await say(world, tuesday, [(JUNO, "I also adopted a hamster called Bean")])
     summarizer.text(facts(("P2", "self", "Juno adopted a hamster called Bean")))
@@ -277,7 +277,9 @@ async def test_delete_my_data_takes_back_every_note_from_the_persons_words(world
 
 
 async def test_the_days_notice_is_one_and_follows_the_servers_notice_settings(world: World, summarizer: FakeChatServer) -> None:
-    await world.services.servers.update_guild_settings(GUILD, notice_verbosity="verbose", notices="log", log_channel_id=777)
+    await world.services.servers.update_guild_settings(
+        GUILD, Actor(1, can_manage=True), notice_verbosity="verbose", notices="log", log_channel_id=777
+    )
     await say(world, MONDAY, [(JUNO, "I play the cello"), (JUNO, "the server's movie night is on Saturdays")])
     summarizer.text(facts(("P1", "self", "Juno plays the cello"), ("P1", "server", "Movie night is on Saturdays")))
     await end_day(world, MONDAY)
@@ -290,7 +292,7 @@ async def test_the_days_notice_is_one_and_follows_the_servers_notice_settings(wo
         f"📝 Saved a server memory (#{ids['Movie night is on Saturdays']}): “Movie night is on Saturdays”",
     )
 
-    await world.services.servers.update_guild_settings(GUILD, notices="hidden")
+    await world.services.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), notices="hidden")
     tuesday = MONDAY + timedelta(days=1)
     await say(world, tuesday, [(JUNO, "I also play the piano")])
     summarizer.text(facts(("P2", "self", "Juno plays the piano")))  # Sam's "good morning" opened the day: P1
@@ -310,10 +312,11 @@ async def test_a_days_notes_are_written_once_and_never_for_an_older_day(world: W
     (monday,) = [s for s in await world.services.summaries.overview(CHANNEL) if s.summary and s.period_start == MONDAY]
     assert monday.summary is not None
     await world.services.memories.delete(
-        await world.services.memories.personal_list(JUNO, GUILD), (await memories(world))[0].id, by=JUNO
+        await world.services.memories.personal_list(JUNO, GUILD), (await memories(world))[0].id, actor=Actor(JUNO)
     )
     summarizer.text(facts(("P1", "self", "Juno is learning Japanese")))
-    await world.services.summaries.regenerate(CHANNEL, GUILD, monday.summary.id)  # rewritten: not noted again
+    # rewritten: not noted again
+    await world.services.summaries.regenerate(CHANNEL, GUILD, monday.summary.id, Actor(1, can_manage=True))
     assert await memories(world) == []
 
 

@@ -23,10 +23,10 @@ from bot.clock import ManualClock
 from bot.db import create_pool
 from bot.memory import search_store, store
 from bot.memory.desk_cache import DeskCache
-from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Recall
+from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Recall, Source
 from bot.memory.recall import desk_order
 from bot.memory.service import MemoryCore
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
 from bot.services import build_services
 from tests.conftest import MakeCore, fresh_database
 
@@ -159,7 +159,8 @@ async def test_cached_core_answers_exactly_like_a_fresh_one(
     game_night, _ = await twins.elsewhere(lambda c: save(c, server_memory("Game night is on Fridays", channel_ids=(CHANNEL,))))
     await twins.elsewhere(lambda c: save(c, server_memory("The server speaks Spanish on Sundays")))
     await twins.elsewhere(lambda c: save(c, personal_memory("Juno is learning the bass guitar", JUNO)))
-    tea, _ = await twins.elsewhere(lambda c: save(c, personal_memory("Bau prefers green tea over coffee", BAU, is_global=True)))
+    tea_request = personal_memory("Bau prefers green tea over coffee", BAU, is_global=True, via=Source.COMMAND)
+    tea, _ = await twins.elsewhere(lambda c: save(c, tea_request))
     caro, _ = await twins.elsewhere(lambda c: save(c, personal_memory("Caro runs marathons", CARO)))
 
     first = await twins.reply(message("how is my cat Mochi doing?", JUNO, BAU))
@@ -187,13 +188,13 @@ async def test_cached_core_answers_exactly_like_a_fresh_one(
     await twins.sql("UPDATE memories SET channel_ids = $2 WHERE id = $1", game_night.id, [OTHER_CHANNEL])
     assert game_night.id not in desk_ids(await twins.reply(message(CHATTER[2], JUNO, BAU)))
     await twins.sql("UPDATE memories SET channel_ids = '{}' WHERE id = $1", game_night.id)
-    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, tagging=True))
+    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), tagging=True))
     assert minecraft.id not in desk_ids(await twins.reply(message(CHATTER[0], JUNO, BAU)))
     tagged = await twins.reply(message("which version?", JUNO, BAU, context_texts=("anyone on the minecraft world?",)))
     assert minecraft.id in desk_ids(tagged)
     await twins.on_both(lambda conn: store.set_memory_tags(conn, minecraft.id, ["building"], clock.now()))
     assert minecraft.id not in desk_ids(await twins.reply(message("which version?", JUNO, context_texts=("minecraft",))))
-    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, tagging=False))
+    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), tagging=False))
     assert minecraft.id in desk_ids(await twins.reply(message(CHATTER[1], JUNO)))
 
     # privacy, blocklist, personal memories switched off, each undone
@@ -204,9 +205,9 @@ async def test_cached_core_answers_exactly_like_a_fresh_one(
     await twins.elsewhere(lambda c: c.servers.set_blocked(GUILD, BAU, True))
     assert tea.id not in desk_ids(await twins.reply(message(CHATTER[1], JUNO, BAU)))
     await twins.elsewhere(lambda c: c.servers.set_blocked(GUILD, BAU, False))
-    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, personal_memories=False))
+    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), personal_memories=False))
     assert tea.id not in desk_ids(await twins.reply(message(CHATTER[2], JUNO, BAU)))
-    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, personal_memories=True))
+    await twins.elsewhere(lambda c: c.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), personal_memories=True))
     assert tea.id in desk_ids(await twins.reply(message(CHATTER[0], JUNO, BAU)))
 
     # another process deletes a desk memory; the cached core saves one itself

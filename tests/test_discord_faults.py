@@ -23,6 +23,7 @@ import discord.http
 import pytest
 
 from bot.bot import MAX_RATELIMIT_WAIT_S, DeskmateBot
+from bot.servers.models import Actor
 from bot.services import build_services, memory_core
 from cogs.chat import Chat
 from tests.conftest import MakeCore
@@ -132,7 +133,8 @@ async def test_a_missing_permission_is_logged_and_reported_once_to_the_log_chann
 ) -> None:
     caplog.set_level(logging.INFO)
     assert live.bot.services.core is not None
-    await live.bot.services.core.servers.update_guild_settings(GUILD_ID, notices="log", log_channel_id=LOG_CHANNEL_ID)
+    await live.bot.services.core.servers.update_guild_settings(GUILD_ID, Actor(1, can_manage=True),
+        notices="log", log_channel_id=LOG_CHANNEL_ID)
     refusal = live.fake.fail("POST", f"/channels/{LOCKED_ID}/messages", 403, code=MISSING_PERMISSIONS,
                              message="Missing Permissions")
 
@@ -229,7 +231,8 @@ async def test_a_failing_typing_indicator_never_holds_up_the_reply(live: Live, f
 
 async def test_notices_that_cannot_be_posted_are_logged_not_raised(live: Live, caplog: pytest.LogCaptureFixture) -> None:
     assert live.bot.services.core is not None
-    await live.bot.services.core.servers.update_guild_settings(GUILD_ID, notices="log", log_channel_id=LOG_CHANNEL_ID)
+    await live.bot.services.core.servers.update_guild_settings(GUILD_ID, Actor(1, can_manage=True),
+        notices="log", log_channel_id=LOG_CHANNEL_ID)
     live.fake.fail("POST", f"/channels/{LOG_CHANNEL_ID}/messages", 403, code=MISSING_PERMISSIONS, message="Missing Permissions")
     live.chat.tool_calls(("save_memory", {"text": "The server's mascot is a heron", "list": "server"})).text("Noted.")
     await live.say("our mascot is a heron")

@@ -11,6 +11,7 @@ from bot.chat.receipts import ReplyStatus
 from bot.clock import ManualClock
 from bot.documents.service import PASSAGE_MAX_TOKENS, DocumentLibrary, split_passages
 from bot.errors import Refusal
+from bot.servers.models import Actor
 from bot.services import memory_core
 from bot.tokens import count_tokens
 from tests.conftest import MakeCore
@@ -61,13 +62,13 @@ async def world(make_core: MakeCore, clock: ManualClock, chat: FakeChatServer) -
 
 async def test_add_list_replace_delete_and_limits(world: World) -> None:
     library = world.documents
-    added = await library.add(GUILD, "handbook.md", HANDBOOK.encode(), by=JUNO)
+    added = await library.add(GUILD, "handbook.md", HANDBOOK.encode(), Actor(JUNO, can_manage=True))
     assert (added.name, added.passages, added.embedded, added.replaced) == ("handbook.md", 4, 4, False)
     [info] = await library.list(GUILD)
     assert (info.id, info.passages, info.embedded, info.added_by) == (added.id, 4, 4, JUNO)
     assert await library.list(GUILD + 1) == []  # documents belong to one server
 
-    again = await library.add(GUILD, "handbook.md", b"# Rules\nBe kind.\n", by=JUNO)
+    again = await library.add(GUILD, "handbook.md", b"# Rules\nBe kind.\n", Actor(JUNO, can_manage=True))
     assert again.replaced and again.passages == 1
     assert [d.name for d in await library.list(GUILD)] == ["handbook.md"]
     assert await world.core.pool.fetchval("SELECT count(*) FROM document_passages") == 1  # the old passages went
@@ -79,13 +80,13 @@ async def test_add_list_replace_delete_and_limits(world: World) -> None:
         ("notes.txt", b"x" * (world.core.settings.document_max_bytes + 1), "DOCUMENT_MAX_BYTES"),
     ]:
         with pytest.raises(Refusal, match=why):
-            await library.add(GUILD, name, raw, by=JUNO)
+            await library.add(GUILD, name, raw, Actor(JUNO, can_manage=True))
 
-    assert await library.delete(GUILD, again.id) == "handbook.md"
+    assert await library.delete(GUILD, again.id, Actor(JUNO, can_manage=True)) == "handbook.md"
     assert await library.list(GUILD) == []
     assert await world.core.pool.fetchval("SELECT count(*) FROM document_passage_vectors") == 0
     with pytest.raises(Refusal, match="no document"):
-        await library.delete(GUILD, again.id)
+        await library.delete(GUILD, again.id, Actor(JUNO, can_manage=True))
 
 
 @pytest.mark.parametrize("decay", [True, False])
@@ -94,7 +95,7 @@ async def test_documents_are_found_and_placed_in_the_tail(
 ) -> None:
     world = await build_world(make_core, clock, chat.base_url, memory_decay_enabled=decay)
     try:
-        await world.documents.add(GUILD, "handbook.md", HANDBOOK.encode(), by=JUNO)
+        await world.documents.add(GUILD, "handbook.md", HANDBOOK.encode(), Actor(JUNO, can_manage=True))
         outcome = await world.pipeline.reply(world.message(JUNO, "what time is game night on friday?"))
         assert outcome.status == ReplyStatus.REPLIED
         assert outcome.receipt.items("documents")[0]["section"] == "Server handbook › Game nights"
@@ -119,7 +120,7 @@ async def test_passages_waiting_for_a_vector_are_embedded_in_the_background(make
     down = FlakyEmbedder(world.core.embeddings.embedder, ok_calls=0)  # the same space, but the provider is down
     outage = memory_core(world.core.pool, down, world.core.settings, clock)
     library = DocumentLibrary(outage.pool, outage.embeddings, outage.settings, outage.clock)
-    added = await library.add(GUILD, "handbook.md", HANDBOOK.encode(), by=JUNO)
+    added = await library.add(GUILD, "handbook.md", HANDBOOK.encode(), Actor(JUNO, can_manage=True))
     assert added.embedded == 0 and outage.embeddings.wanted.is_set()
     assert (await world.upkeep.waiting())["passages"] == 4
     state = await world.upkeep.rebuild()

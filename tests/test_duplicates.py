@@ -2,8 +2,8 @@
 
 A save that repeats a memory of its list stores nothing and counts that memory as used; one that only
 resembles a memory is stored, and the save's result names the closest memories so the model can
-update the old fact instead. DUPLICATE_SIMILARITY (0.91) is held against the hand-made pairs the
-README quotes: it must merge every pair above it that says the same fact and no pair of different facts.
+update the old fact instead. DUPLICATE_SIMILARITY (0.91) is held against the hand-made pairs
+docs/models.md quotes: it must merge every pair above it that says the same fact and no pair of different facts.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ PAIRS = [json.loads(line) for line in (Path(__file__).parent / "data" / "duplica
 
 
 def personal(text: str, **extra: object) -> NewMemory:
-    return NewMemory(MemoryList.PERSONAL, text, by=JUNO, via=Source.BOT, guild_id=GUILD, owner_id=JUNO, **extra)
+    return NewMemory(MemoryList.PERSONAL, text, by=JUNO, guild_id=GUILD, owner_id=JUNO, **{"via": Source.BOT, **extra})
 
 
 async def test_the_threshold_merges_no_different_facts(builtin_embedder: BuiltinEmbedder) -> None:
@@ -71,5 +71,5 @@ async def test_the_same_text_is_caught_without_an_embedding(make_core: MakeCore,
 async def test_a_repeat_with_another_reach_is_a_new_memory(make_core: MakeCore) -> None:
     core = await make_core()
     assert (await core.save(personal("Juno's cat is called Mochi"))).saved is not None
-    wider = await core.save(personal("Juno's cat is called Mochi", is_global=True))  # Global: every server
+    wider = await core.save(personal("Juno's cat is called Mochi", is_global=True, via=Source.COMMAND))  # Global: every server
     assert not wider.repeated and len(await core.all_memories()) == 2

@@ -17,7 +17,7 @@ invariants, and `python -m bot check` must find nothing afterwards.
 
 `make test` runs the CI size (about 1,500 operations, 5 days, 3 workers); `make soak` runs the full
 size (`DESKMATE_SOAK=1`: 4 workers of which 2 are OS processes, 11 days) and writes its figures to
-`DESKMATE_LOAD_REPORT` for RELIABILITY.md.
+`DESKMATE_LOAD_REPORT` for docs/reliability.md.
 """
 
 from __future__ import annotations

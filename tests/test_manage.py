@@ -14,13 +14,14 @@ from bot.embeddings.providers import EmbeddingError, EmbeddingSpace
 from bot.errors import InvalidInput, Refusal
 from bot.memory.lists import ImportMode, Scope, VectorStatus, looks_like_instruction, split_tags
 from bot.memory.manage import EXPORT_FORMAT, MemoryManager, count_tokens
-from bot.memory.models import Conversation, MemoryList, NewMemory, Rejection, Source
+from bot.memory.models import Conversation, MemoryList, NewMemory, Source
 from bot.servers import store as servers_store
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
 from bot.services import build_services, memory_core
 
 GUILD, OTHER_GUILD = 10, 20
 ADMIN, JUNO, MAX = 1, 2, 3
+AS_ADMIN = Actor(ADMIN, can_manage=True)
 
 
 class DownEmbedder:
@@ -42,7 +43,7 @@ async def manager(make_core, **overrides: object) -> MemoryManager:
 
 
 async def add_server(mgr: MemoryManager, text: str, guild: int = GUILD) -> int:
-    result = await mgr.add(await mgr.server_list(guild), text, by=ADMIN, by_can_manage=True)
+    result = await mgr.add(await mgr.server_list(guild), text, actor=AS_ADMIN)
     assert result.saved is not None, result.detail
     return result.saved.id
 
@@ -111,31 +112,32 @@ async def test_search_semantic_then_text_fallback(make_core, builtin_embedder) -
 async def test_permissions_and_list_membership(make_core) -> None:
     mgr = await manager(make_core)
     ref = await mgr.server_list(GUILD)
-    refused = await mgr.add(ref, "Members cannot add this", by=JUNO)
-    assert refused.rejected == Rejection.NOT_ALLOWED
-    await mgr.core.servers.update_guild_settings(GUILD, member_teaching=True)
-    own = await mgr.add(ref, "Juno added this", by=JUNO)
+    with pytest.raises(Refusal, match="member teaching"):  # refused before anything is written
+        await mgr.add(ref, "Members cannot add this", actor=Actor(JUNO))
+    await mgr.core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), member_teaching=True)
+    own = await mgr.add(ref, "Juno added this", actor=Actor(JUNO))
     assert own.saved is not None
     admin_id = await add_server(mgr, "The admin added this")
-    assert (await mgr.edit(ref, admin_id, "changed", by=JUNO)).rejected == Rejection.NOT_ALLOWED
-    edited = await mgr.edit(ref, own.saved.id, "Juno changed this", by=JUNO, tags=["Notes"])
+    with pytest.raises(Refusal, match="you added yourself"):
+        await mgr.edit(ref, admin_id, "changed", actor=Actor(JUNO))
+    edited = await mgr.edit(ref, own.saved.id, "Juno changed this", actor=Actor(JUNO), tags=["Notes"])
     assert edited.saved is not None and edited.saved.text == "Juno changed this" and edited.saved.tags == ("notes",)
 
     other = await mgr.server_list(OTHER_GUILD)
     with pytest.raises(Refusal, match="no memory"):  # an admin here cannot reach another server's list by id
-        await mgr.delete(other, admin_id, by=ADMIN, by_can_manage=True)
+        await mgr.delete(other, admin_id, actor=AS_ADMIN)
     personal = await mgr.personal_list(JUNO, GUILD)
     with pytest.raises(Refusal, match="owner"):
-        await mgr.add(personal, "About Juno", by=MAX)
-    deleted = await mgr.delete(ref, admin_id, by=ADMIN, by_can_manage=True)
+        await mgr.add(personal, "About Juno", actor=Actor(MAX))
+    deleted = await mgr.delete(ref, admin_id, actor=AS_ADMIN)
     assert deleted.forgotten[0].id == admin_id
 
 
 async def test_personal_scopes_and_move(make_core) -> None:
     mgr = await manager(make_core, personal_memory_limit=3)
     here = await mgr.personal_list(JUNO, GUILD)
-    tied = await mgr.add(here, "Juno likes tea", by=JUNO)
-    glob = await mgr.add(here, "Juno is vegetarian", by=JUNO, is_global=True)
+    tied = await mgr.add(here, "Juno likes tea", actor=Actor(JUNO))
+    glob = await mgr.add(here, "Juno is vegetarian", actor=Actor(JUNO), is_global=True)
     assert tied.saved and glob.saved and glob.saved.is_global and not tied.saved.is_global
     assert [v.memory.id for v in (await mgr.page(await mgr.personal_list(JUNO, GUILD, Scope.GLOBAL), 0)).items] == [glob.saved.id]
     assert [v.memory.id for v in (await mgr.page(await mgr.personal_list(JUNO, GUILD, Scope.PERSONA), 0)).items] == [
@@ -144,11 +146,11 @@ async def test_personal_scopes_and_move(make_core) -> None:
     elsewhere = await mgr.personal_list(JUNO, OTHER_GUILD)
     assert [v.memory.id for v in (await mgr.page(elsewhere, 0)).items] == [glob.saved.id]
     for text in ("Juno plays chess", "Juno has a dog"):
-        assert (await mgr.add(elsewhere, text, by=JUNO)).saved
+        assert (await mgr.add(elsewhere, text, actor=Actor(JUNO))).saved
     # other server's list is full (2 tied + 1 Global): making the tea memory Global would overfill it
     with pytest.raises(Refusal, match="more than 3"):
-        await mgr.move(here, tied.saved.id, to_global=True, by=JUNO)
-    moved = await mgr.move(here, glob.saved.id, to_global=False, by=JUNO)
+        await mgr.move(here, tied.saved.id, to_global=True, actor=Actor(JUNO))
+    moved = await mgr.move(here, glob.saved.id, to_global=False, actor=Actor(JUNO))
     assert moved.persona_id == here.persona_id and moved.protected
     stats = await mgr.stats(here)
     assert stats.total == 2 and stats.limit == 3 and stats.desk == 2 and stats.total_tokens > 0
@@ -163,29 +165,29 @@ async def test_export_import_roundtrip_merge_and_replace(make_core) -> None:
     await add_server(mgr, "Juno's cat is called Mochi")
     await add_server(mgr, "Game night is on Fridays")
     ref = await mgr.server_list(GUILD)
-    doc = await mgr.export(ref)
+    doc = await mgr.export(ref, AS_ADMIN)
     assert doc["format"] == EXPORT_FORMAT and doc["version"] == 1 and doc["list"] == "server"
     assert doc["memories"][0]["text"] == "Juno's cat is called Mochi" and doc["memories"][0]["state"] == "desk"
     raw = mgr.to_bytes(doc)
 
     other = await mgr.server_list(OTHER_GUILD)
     plan = mgr.parse_import(other, raw)
-    result = await mgr.import_memories(other, plan, mode=ImportMode.MERGE, by=ADMIN, by_can_manage=True)
+    result = await mgr.import_memories(other, plan, mode=ImportMode.MERGE, actor=AS_ADMIN)
     assert (result.added, result.removed, result.embedded) == (2, 0, 2)
     imported = (await mgr.page(other, 0)).items
     assert all(v.memory.source == Source.IMPORT and not v.memory.protected for v in imported)
     assert all(v.vector == VectorStatus.EMBEDDED for v in imported)
 
-    again = await mgr.import_memories(other, mgr.parse_import(other, raw), mode=ImportMode.MERGE, by=ADMIN, by_can_manage=True)
+    again = await mgr.import_memories(other, mgr.parse_import(other, raw), mode=ImportMode.MERGE, actor=AS_ADMIN)
     assert (again.added, again.skipped_duplicates) == (0, 2)
 
     replace = mgr.parse_import(other, export_doc("Only this one", "only THIS one"))
     assert replace.duplicates_in_file == 1
-    replaced = await mgr.import_memories(other, replace, mode=ImportMode.REPLACE, by=ADMIN, by_can_manage=True)
+    replaced = await mgr.import_memories(other, replace, mode=ImportMode.REPLACE, actor=AS_ADMIN)
     assert (replaced.added, replaced.removed) == (1, 2)
     assert [v.memory.text for v in (await mgr.page(other, 0)).items] == ["Only this one"]
     with pytest.raises(Refusal, match="Manage Server"):
-        await mgr.import_memories(other, replace, mode=ImportMode.MERGE, by=JUNO)
+        await mgr.import_memories(other, replace, mode=ImportMode.MERGE, actor=Actor(JUNO))
 
 
 @pytest.mark.parametrize(
@@ -222,9 +224,9 @@ async def test_import_over_limit_is_refused_in_one_transaction(make_core) -> Non
     ref = await mgr.server_list(GUILD)
     plan = mgr.parse_import(ref, export_doc("three", "four"))
     with pytest.raises(Refusal, match="would leave 4 server memories; the limit is 3"):
-        await mgr.import_memories(ref, plan, mode=ImportMode.MERGE, by=ADMIN, by_can_manage=True)
+        await mgr.import_memories(ref, plan, mode=ImportMode.MERGE, actor=AS_ADMIN)
     assert sorted(m.text for m in await mgr.core.all_memories()) == ["one", "two"]
-    done = await mgr.import_memories(ref, plan, mode=ImportMode.REPLACE, by=ADMIN, by_can_manage=True)
+    done = await mgr.import_memories(ref, plan, mode=ImportMode.REPLACE, actor=AS_ADMIN)
     assert done.added == 2 and sorted(m.text for m in await mgr.core.all_memories()) == ["four", "three"]
 
 
@@ -236,26 +238,26 @@ async def test_import_drops_unknown_channels_and_personal_scopes(make_core) -> N
 
     personal = await mgr.personal_list(JUNO, GUILD)
     raw = export_doc({"text": "g", "scope": "global"}, {"text": "p"}, list_="personal")
-    result = await mgr.import_memories(personal, mgr.parse_import(personal, raw), mode=ImportMode.MERGE, by=JUNO)
+    result = await mgr.import_memories(personal, mgr.parse_import(personal, raw), mode=ImportMode.MERGE, actor=Actor(JUNO))
     assert result.added == 2
     memories = {m.text: m for m in await mgr.core.all_memories()}
     assert memories["g"].is_global and memories["p"].persona_id == personal.persona_id and memories["p"].owner_id == JUNO
     assert memories["g"].protected and not memories["p"].protected  # Global memories are always protected
     with pytest.raises(Refusal, match="personal lists"):
         more = export_doc({"text": "another global", "scope": "global"}, list_="personal")
-        await mgr.import_memories(personal, mgr.parse_import(personal, more), mode=ImportMode.MERGE, by=JUNO)
+        await mgr.import_memories(personal, mgr.parse_import(personal, more), mode=ImportMode.MERGE, actor=Actor(JUNO))
     with pytest.raises(Refusal, match="owner"):
-        await mgr.import_memories(personal, mgr.parse_import(personal, raw), mode=ImportMode.MERGE, by=MAX)
+        await mgr.import_memories(personal, mgr.parse_import(personal, raw), mode=ImportMode.MERGE, actor=Actor(MAX))
 
 
 async def test_user_data_export_and_delete(make_core) -> None:
     mgr = await manager(make_core)
     core = mgr.core
-    await core.servers.update_guild_settings(GUILD, member_teaching=True)
-    await mgr.add(await mgr.server_list(GUILD), "Juno organised the meetup", by=JUNO)
-    await mgr.add(await mgr.personal_list(JUNO, GUILD), "Juno likes tea", by=JUNO)
-    await mgr.add(await mgr.personal_list(JUNO, None), "Juno is vegetarian", by=JUNO, is_global=True)
-    await mgr.add(await mgr.personal_list(MAX, GUILD), "Max likes coffee", by=MAX)
+    await core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), member_teaching=True)
+    await mgr.add(await mgr.server_list(GUILD), "Juno organised the meetup", actor=Actor(JUNO))
+    await mgr.add(await mgr.personal_list(JUNO, GUILD), "Juno likes tea", actor=Actor(JUNO))
+    await mgr.add(await mgr.personal_list(JUNO, None), "Juno is vegetarian", actor=Actor(JUNO), is_global=True)
+    await mgr.add(await mgr.personal_list(MAX, GUILD), "Max likes coffee", actor=Actor(MAX))
     await core.servers.set_privacy(JUNO, Privacy.PARTIAL)
     await core.servers.set_blocked(OTHER_GUILD, JUNO, True)
     async with core.pool.acquire() as conn:
@@ -292,5 +294,5 @@ async def test_full_list_add_forgets_like_any_save(make_core, clock) -> None:
     assert bot_saved.saved
     clock.current += timedelta(days=1)
     await core.reply_search(Conversation(guild_id=GUILD, channel_id=5, author_id=JUNO, text="completely unrelated"))
-    result = await mgr.add(await mgr.server_list(GUILD), "new command note", by=ADMIN, by_can_manage=True)
+    result = await mgr.add(await mgr.server_list(GUILD), "new command note", actor=AS_ADMIN)
     assert result.saved and [m.text for m in result.forgotten] == ["old bot note"]

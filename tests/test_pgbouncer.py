@@ -1,4 +1,4 @@
-"""The bot behind a real PgBouncer in transaction mode with PG_STATEMENT_CACHE=false (README, "Scaling out").
+"""The bot behind a real PgBouncer in transaction mode with PG_STATEMENT_CACHE=false (docs/operations.md, "PgBouncer").
 
 PgBouncer keeps its server connections when a client leaves, prepared statements included, and every
 new process numbers asyncpg's statements from 1 again: a start-up whose migration connection still

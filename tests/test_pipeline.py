@@ -24,7 +24,7 @@ from bot.memory.models import MemoryList, NewMemory, Recall, Source
 from bot.memory.service import MemoryCore
 from bot.outgoing import ZERO_WIDTH_SPACE
 from bot.prompt import TailItem
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
 from bot.services import build_services
 from bot.tokens import count_tokens, message_tokens
 from tests.conftest import MakeCore
@@ -82,8 +82,9 @@ async def test_prompt_order_and_what_the_model_receives(
     server_fact = await save(core, "The book club meets on Fridays")
     juno_fact = await save(core, "Juno is learning the cello", owner=JUNO, via=Source.COMMAND)
     sam_fact = await save(core, "Sam works night shifts", owner=SAM, via=Source.COMMAND)
-    await pipeline.servers.add_lore(GUILD, "The server's mascot is a grey heron.", by=JUNO)
-    await pipeline.servers.update_persona(GUILD, prompt="You speak like a librarian.", attributes={"tone": "warm"})
+    await pipeline.servers.add_lore(GUILD, Actor(JUNO, can_manage=True), "The server's mascot is a grey heron.")
+    await pipeline.servers.update_persona(GUILD, Actor(1, can_manage=True),
+        prompt="You speak like a librarian.", attributes={"tone": "warm"})
 
     await pipeline.chat_log.record(message(SAM, "evening all", clock=clock))
     await pipeline.chat_log.record(message(BOT, "Good evening, Sam.", clock=clock))
@@ -188,7 +189,8 @@ async def test_tool_calls_save_and_forget_with_notices(
     assert second["messages"][len(first["messages"])]["tool_calls"][0]["function"]["name"] == "save_memory"
 
     # verbose notices to a log channel show the text of server memories, never of personal ones
-    await pipeline.servers.update_guild_settings(GUILD, notices="log", notice_verbosity="verbose", log_channel_id=LOG_CHANNEL)
+    await pipeline.servers.update_guild_settings(GUILD, Actor(1, can_manage=True),
+        notices="log", notice_verbosity="verbose", log_channel_id=LOG_CHANNEL)
     chat.tool_calls(("update_memory", {"memory_id": mochi, "text": "Juno's cats are Mochi and Tofu"})).text("Updated.")
     outcome = await pipeline.reply(message(JUNO, "I adopted Tofu too", clock=clock))
     assert outcome.notices is not None
@@ -200,7 +202,7 @@ async def test_full_list_forgets_a_dormant_memory_to_make_room(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool
 ) -> None:
     pipeline = await make_pipeline(server_memory_limit=3)
-    await pipeline.core.servers.update_guild_settings(GUILD, notice_verbosity="verbose")
+    await pipeline.core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), notice_verbosity="verbose")
     ids = [await save(pipeline.core, text) for text in ("Alpha fact", "Beta fact", "Gamma fact")]
     await pool.execute("UPDATE memories SET days_unused = 30")  # all three in the drawer, never matched
     chat.tool_calls(("save_memory", {"text": "The raid is on Thursday", "list": "server"})).text("Saved.")
@@ -279,7 +281,7 @@ async def test_self_teaching_off_and_privacy_are_respected(
     assert outcome.notices is not None and "privacy" in outcome.notices.lines[0]
     assert await memory_texts(pool) == {}
 
-    await pipeline.core.servers.update_guild_settings(GUILD, self_teaching=False)
+    await pipeline.core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), self_teaching=False)
     await pipeline.reply(message(SAM, "hello", clock=clock))
     assert "tools" not in chat.requests[-1]
 
@@ -326,7 +328,7 @@ async def test_memory_text_with_mentions_never_pings_in_notices(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock
 ) -> None:
     pipeline = await make_pipeline()
-    await pipeline.core.servers.update_guild_settings(GUILD, notice_verbosity="verbose")
+    await pipeline.core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), notice_verbosity="verbose")
     chat.tool_calls(("save_memory", {"text": "Party at 8, tell @everyone and <@&42> and <@103>", "list": "server"})).text("ok")
     outcome = await pipeline.reply(message(JUNO, "party at 8!", clock=clock))
     assert outcome.notices is not None
@@ -343,7 +345,7 @@ async def test_memory_text_with_mentions_never_pings_in_notices(
 async def test_budgets_drop_oldest_history_first_and_never_the_answered_message(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock
 ) -> None:
-    pipeline = await make_pipeline(chat_context_tokens=2600, chat_max_output_tokens=200, context_messages=30)
+    pipeline = await make_pipeline(chat_context_tokens=2400, chat_max_output_tokens=200, context_messages=30)
     for number in range(25):
         await pipeline.chat_log.record(
             message(SAM if number % 2 else RIN, f"chatter {number} " + "lorem ipsum " * 25, clock=clock)
@@ -359,7 +361,7 @@ async def test_budgets_drop_oldest_history_first_and_never_the_answered_message(
     assert messages[-1]["content"].endswith(answered.text)
     dropped = [item["key"] for item in outcome.receipt.dropped]
     assert len(dropped) == first_kept and all(key.startswith("history:") for key in dropped)
-    assert outcome.receipt.tokens["total"] + 200 <= 2600
+    assert outcome.receipt.tokens["total"] + 200 <= 2400
 
     # tool rounds grow the request; the oldest history makes room again
     chat.tool_calls(("save_memory", {"text": "A long fact. " * 70, "list": "server"})).text("saved")
@@ -368,7 +370,7 @@ async def test_budgets_drop_oldest_history_first_and_never_the_answered_message(
     first, second = chat.requests[-2:]
     tools = count_tokens(json.dumps(second["tools"]))
     for request in (first, second):
-        assert sum(message_tokens(m) for m in request["messages"]) + tools + 3 + 200 <= 2600
+        assert sum(message_tokens(m) for m in request["messages"]) + tools + 3 + 200 <= 2400
     assert second["messages"][-2]["tool_calls"] and second["messages"][-1]["role"] == "tool"
     assert len([m for m in second["messages"] if "chatter" in (m["content"] or "")]) < len(
         [m for m in first["messages"] if "chatter" in (m["content"] or "")]
@@ -442,17 +444,21 @@ async def test_participants_are_the_author_and_the_window_authors_never_the_ment
     head = chat.messages()[0]["content"]
     assert "night shifts" in head and "cello" in head and "drums" not in head
     assert outcome.changes == [] and "not in this conversation" in chat.tool_results(-1)[0]["error"]
-    # once Rin writes in the channel she takes part: her memories count, and about_user accepts a mention
+    # once Rin writes in the channel she takes part: her memories count; still, what Juno says about her is not
+    # Rin's memory to be saved in Juno's reply (the model saves personal memories only about the person it answers)
     await pipeline.chat_log.record(message(RIN, "I'm here", clock=clock))
     chat.tool_calls(("save_memory", {"text": "Rin has a gig on Sunday", "list": "personal", "about_user": f"<@{RIN}>"}))
     outcome = await pipeline.reply(message(JUNO, "Rin has a gig sunday", clock=clock, mentions=(RIN,)))
     assert "drums" in chat.messages()[0]["content"]
+    assert outcome.changes[0].kind == ChangeKind.REJECTED and outcome.changes[0].about_user_id == RIN
+    chat.tool_calls(("save_memory", {"text": "Rin has a gig on Sunday", "list": "personal", "about_user": f"<@{RIN}>"}))
+    outcome = await pipeline.reply(message(RIN, "I have a gig sunday", clock=clock))  # Rin's own reply: hers
     assert outcome.changes[0].kind == ChangeKind.SAVED and outcome.changes[0].about_user_id == RIN
 
 
 async def test_dm_offers_only_personal_memories(make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock) -> None:
     pipeline = await make_pipeline()
-    chat.tool_calls(("save_memory", {"text": "Juno prefers tea", "list": "personal", "global": True})).text("noted")
+    chat.tool_calls(("save_memory", {"text": "Juno prefers tea", "list": "personal"})).text("noted")
     outcome = await pipeline.reply(message(JUNO, "I prefer tea", clock=clock, guild=None, channel=777))
     tools = chat.requests[0]["tools"]
     assert tools[0]["function"]["parameters"]["properties"]["list"]["enum"] == ["personal"]
@@ -466,13 +472,13 @@ async def test_trigger_uses_persona_name_auto_reply_channels_and_blocklist(
 ) -> None:
     pipeline = await make_pipeline()
     chat = ChatService(pipeline, pipeline.chat_log, pipeline.servers, pipeline.settings)
-    await pipeline.servers.update_persona(GUILD, name="Heron")
+    await pipeline.servers.update_persona(GUILD, Actor(1, can_manage=True), name="Heron")
     assert await chat.trigger(message(JUNO, "hey heron, what's up", clock=clock)) == Trigger.NAME
     assert await chat.trigger(message(JUNO, "nothing to see", clock=clock)) is None
     assert await chat.trigger(message(JUNO, "x", clock=clock), mentions_bot=True) == Trigger.MENTION
     assert await chat.trigger(message(JUNO, "x", clock=clock, guild=None)) == Trigger.DM
     assert await chat.trigger(message(BOT, "heron", clock=clock), mentions_bot=True) is None
-    await pipeline.core.servers.update_guild_settings(GUILD, auto_reply_channel_ids=[CHANNEL])
+    await pipeline.core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), auto_reply_channel_ids=[CHANNEL])
     assert await chat.trigger(message(SAM, "anything", clock=clock)) == Trigger.AUTO_REPLY
     thread = dataclasses.replace(message(SAM, "in a thread", clock=clock, channel=4242), parent_channel_id=CHANNEL)
     assert await chat.trigger(thread) == Trigger.AUTO_REPLY
@@ -501,7 +507,7 @@ async def test_a_persona_too_large_for_the_context_is_an_apology_not_a_request(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock
 ) -> None:
     pipeline = await make_pipeline(chat_context_tokens=2048, chat_max_output_tokens=1000)
-    await pipeline.servers.update_persona(GUILD, prompt="Be very detailed. " * 400)
+    await pipeline.servers.update_persona(GUILD, Actor(1, can_manage=True), prompt="Be very detailed. " * 220)
     outcome = await pipeline.reply(message(JUNO, "hi", clock=clock))
     assert outcome.status == ReplyStatus.PROMPT_TOO_LARGE and outcome.chunks == [TOO_LARGE]
     assert outcome.error is not None and "CHAT_CONTEXT_TOKENS is 2048" in outcome.error

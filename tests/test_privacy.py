@@ -18,13 +18,14 @@ shown ephemerally or in DMs, and `delete-my-data` leaves no row of the user in a
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -42,7 +43,7 @@ from bot.memory.lists import ImportMode, Scope
 from bot.memory.manage import MemoryManager
 from bot.memory.models import Memory, MemoryList, NewMemory, Source
 from bot.memory.service import MemoryCore
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
 from bot.services import build_services
 from tests.conftest import MakeCore
 from tests.discord_fakes import GUILD_ID, Person, SlashHarness
@@ -168,8 +169,8 @@ async def world(make_core: MakeCore) -> AsyncIterator[World]:
         )
         pipeline = build_services(core, bot_user_id=BOT).pipeline
         await pipeline.start()
-        await core.servers.update_guild_settings(TAGGED, tagging=True)
-        await core.servers.update_guild_settings(NO_PERSONAL, personal_memories=False)
+        await core.servers.update_guild_settings(TAGGED, Actor(1, can_manage=True), tagging=True)
+        await core.servers.update_guild_settings(NO_PERSONAL, Actor(1, can_manage=True), personal_memories=False)
         await core.servers.set_blocked(TAGGED, BLOCKED, True)
         ids = {}
         for spec in world_specs():
@@ -249,18 +250,24 @@ async def test_the_model_may_not_save_or_change_what_privacy_and_settings_forbid
         ("update_memory", {"memory_id": partial_global, "text": "fact- changed"}),
         ("update_memory", {"memory_id": open_tagged, "text": "fact- changed by the model"}),
     ).text("ok")
-    await world.core.servers.update_guild_settings(TAGGED, notice_verbosity="verbose")
+    await world.core.servers.update_guild_settings(TAGGED, Actor(1, can_manage=True), notice_verbosity="verbose")
     outcome = await converse(world, ctx)
     kinds = {(change.kind, change.about_user_id) for change in outcome.changes if change.memory_list == MemoryList.PERSONAL}
-    # open: saved; partial and full: privacy refuses; blocked: not visible here, so not a participant the model may save about
-    assert (ChangeKind.SAVED, OPEN) in kinds and (ChangeKind.REJECTED, PARTIAL) in kinds and (ChangeKind.REJECTED, FULL) in kinds
-    assert not any(user == BLOCKED and kind == ChangeKind.SAVED for kind, user in kinds)
+    # the model answers AUTHOR: a personal memory about anyone else is never the model's to save, whatever their privacy
+    assert kinds == {(ChangeKind.REJECTED, user) for user in USERS}
     assert [c.kind for c in outcome.changes if c.memory_id == partial_global] == [ChangeKind.REJECTED]
     # the model acts for the person it answers: someone else's personal memory is not theirs to change
     assert [c.kind for c in outcome.changes if c.memory_id == open_tagged] == [ChangeKind.REJECTED]
     # verbose notices in a server show no personal text: who and what happened only
     assert outcome.notices is not None and outcome.notices.verbosity == "verbose"
     assert all("fact-" not in line for line in outcome.notices.lines), outcome.notices.lines
+
+    # each person for themselves: open saves; partial and full refuse (privacy); blocked refuses (blocked here)
+    for user in USERS:
+        world.chat.tool_calls(("save_memory", {"text": f"fact- {user} told me about themselves", "list": "personal"})).text("ok")
+        outcome = await converse(world, dataclasses.replace(ctx, author=user))
+        [change] = outcome.changes
+        assert (change.kind, change.about_user_id) == ((ChangeKind.SAVED if user == OPEN else ChangeKind.REJECTED), user)
 
     # personal memories off: the model is not even offered the personal list there
     world.chat.tool_calls(("save_memory", {"text": "fact- x", "list": "personal"})).text("ok")
@@ -286,7 +293,7 @@ async def test_each_command_shows_only_its_own_list(world: World) -> None:
         page = await manager.page(ref, 0, 100)
         wanted = {spec for spec in world.ids if spec.list == "server" and spec.scope == guild}
         assert specs([view.memory for view in page.items]) == wanted  # the whole list: channel limits and tags included
-        exported = (await manager.export(ref))["memories"]
+        exported = (await manager.export(ref, Actor(1, can_manage=True)))["memories"]
         assert {entry["text"] for entry in exported} == {spec.text for spec in wanted}
         found = await manager.search(ref, "fact- about")
         assert specs([view.memory for view in found.items]) <= wanted
@@ -296,7 +303,7 @@ async def test_each_command_shows_only_its_own_list(world: World) -> None:
         persona = "dm" if where is None else where
         wanted = {spec for spec in world.ids if spec.owner == user and spec.scope in ("global", persona)}
         assert specs([view.memory for view in (await manager.page(ref, 0, 100)).items]) == wanted, (user, where)
-        assert {entry["text"] for entry in (await manager.export(ref))["memories"]} == {spec.text for spec in wanted}
+        assert {entry["text"] for entry in (await manager.export(ref, Actor(user)))["memories"]} == {spec.text for spec in wanted}
         assert specs([view.memory for view in (await manager.search(ref, "fact- about")).items]) <= wanted
         everything = await build_services(manager.core).export_user_data(user)
         mine = {spec.text for spec in world.ids if spec.owner == user}
@@ -346,7 +353,7 @@ async def test_who_may_run_which_command(harness: SlashHarness) -> None:  # noqa
         ("privacy level", OTHER, {}, False, None),
     ]
     for command, person, options, member_teaching, refusal in table:
-        await core.servers.update_guild_settings(GUILD_ID, member_teaching=member_teaching)
+        await core.servers.update_guild_settings(GUILD_ID, Actor(1, can_manage=True), member_teaching=member_teaching)
         call = await harness.run(harness.slash(command, person, **options))
         assert call.ephemeral, command  # every command answer in a server is ephemeral
         text = call.content or call.text()
@@ -411,15 +418,17 @@ async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: 
         await pipeline.start()
         manager = MemoryManager(core)
         try:
-            await core.servers.update_guild_settings(PLAIN, member_teaching=True, notice_verbosity="verbose")
+            await core.servers.update_guild_settings(PLAIN, Actor(1, can_manage=True),
+                member_teaching=True, notice_verbosity="verbose")
             here = await manager.personal_list(GONE, PLAIN)
             for text, is_global in ((f"{NAME} keeps a {MARKER} called Pip", False), (f"{NAME} is allergic to {MARKER}s", True)):
-                assert (await manager.add(here, text, by=GONE, is_global=is_global)).saved
-            assert (await manager.add(await manager.personal_list(GONE, None), f"{MARKER} diary", by=GONE)).saved
+                assert (await manager.add(here, text, actor=Actor(GONE), is_global=is_global)).saved
+            assert (await manager.add(await manager.personal_list(GONE, None), f"{MARKER} diary", actor=Actor(GONE))).saved
             raw = json.dumps({"format": "deskmate-memories", "version": 1, "list": "personal",
                               "memories": [{"text": f"imported {MARKER}", "scope": "global"}]}).encode()
-            await manager.import_memories(here, manager.parse_import(here, raw), mode=ImportMode.MERGE, by=GONE)
-            assert (await manager.add(await manager.server_list(PLAIN), f"the {MARKER} club meets Fridays", by=GONE)).saved
+            await manager.import_memories(here, manager.parse_import(here, raw), mode=ImportMode.MERGE, actor=Actor(GONE))
+            server = await manager.server_list(PLAIN)
+            assert (await manager.add(server, f"the {MARKER} club meets Fridays", actor=Actor(GONE))).saved
             await core.servers.set_privacy(GONE, Privacy.PARTIAL)
             await core.servers.set_privacy(STAYS, Privacy.NONE)
             await core.servers.set_blocked(TAGGED, GONE, True)  # a server's moderation decision: kept (see below)
@@ -443,7 +452,7 @@ async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: 
                 await pipeline.chat_log.record(said(author, name, f"chatter {number} {MARKER if author == GONE else ''}"))
             assert await HistoryIndex(core.pool, core.embeddings, core.settings).chunk_pending() > 0
             library = DocumentLibrary(core.pool, core.embeddings, core.settings, core.clock)
-            await library.add(PLAIN, "rules.md", b"# Rules\nBe kind to each other.\n", by=GONE)
+            await library.add(PLAIN, "rules.md", b"# Rules\nBe kind to each other.\n", Actor(GONE, can_manage=True))
             ids_before = [m.id for m in await core.all_memories() if m.owner_id == GONE]
             assert len(ids_before) >= 5
 
@@ -456,7 +465,7 @@ async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: 
 
             left = await rows_mentioning(core.pool, rf"(^|[^0-9]){GONE}([^0-9]|$)")
             # the blocklist entry is the server's moderation decision, not the user's data: erasing it would let
-            # anyone unblock themselves (README: /privacy)
+            # anyone unblock themselves (docs/commands.md: /privacy)
             assert left == {"guild_blocklist": 1}, left
             marker_left = await rows_mentioning(core.pool, f"{MARKER}|{NAME}")
             # a server memory the user added stays with its server, no longer naming its author
@@ -469,3 +478,68 @@ async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: 
         finally:
             await pipeline.close()
 
+
+
+# --- withdrawals: summaries and the bots' replies (docs/memory-rules.md §9) ----------------------------------
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """What a withdrawal of Juno's words leaves, as the rules' table says."""
+
+    her_words_summarised: bool  # in the day summary written again afterwards
+    reply_summarised: bool  # the bot's reply repeating her words, in that summary
+    reply_in_log: bool  # the bot's reply, in the stored chat (so in later context windows)
+    her_message_in_log: bool  # her words as she wrote them
+
+
+WITHDRAWAL_TABLE = {
+    "nothing": Withdrawn(True, True, True, True),
+    "message deleted": Withdrawn(False, False, True, False),
+    "message edited": Withdrawn(False, False, True, False),  # the new text stands, the old words are gone
+    "delete-my-data": Withdrawn(False, False, False, False),
+    "blocked": Withdrawn(False, False, True, True),
+    "privacy partial": Withdrawn(True, True, True, True),
+    "privacy full": Withdrawn(False, False, True, True),
+}
+
+
+@pytest.mark.parametrize("withdrawal", list(WITHDRAWAL_TABLE))
+async def test_each_withdrawal_removes_her_words_from_summaries_and_the_bots_replies(
+    make_core: MakeCore, clock: ManualClock, withdrawal: str
+) -> None:
+    from tests.recall_helpers import BOT as HELPER_BOT
+    from tests.recall_helpers import CHANNEL, GUILD, SAM
+    from tests.recall_helpers import JUNO as HER
+    from tests.test_summaries import chat_day, day_rows, rows, summary_answer, summary_world
+
+    monday = datetime(2026, 1, 5).date()
+    async with FakeChatServer() as chat, FakeChatServer(responder=summary_answer, summaries_aside=False) as summarizer:
+        world = await summary_world(make_core, clock, chat, summarizer)
+        sent = await chat_day(world, monday, [(HER, "her zebrafinch secret"), (SAM, "sam's plain news")])
+        world.clock.current += timedelta(minutes=1)
+        reply = dataclasses.replace(world.message(HELPER_BOT, "about her zebrafinch secret"), reply_to=sent[0].message_id)
+        await world.services.chat.record(reply)
+        await chat_day(world, monday + timedelta(days=1), [(SAM, "tuesday")])
+        assert "zebrafinch" in day_rows(await rows(world))[monday]["summary"]  # before: her words and the reply are in it
+
+        services, admin = world.services, Actor(1, can_manage=True)
+        actions = {
+            "nothing": lambda: asyncio.sleep(0),
+            "message deleted": lambda: services.chat.deleted(CHANNEL, [sent[0].message_id]),
+            "message edited": lambda: services.chat.edited(CHANNEL, sent[0].message_id, "never mind", world.clock.now()),
+            "delete-my-data": lambda: services.delete_user_data(HER),
+            "blocked": lambda: services.set_blocked(GUILD, HER, True, admin),
+            "privacy partial": lambda: services.set_privacy(HER, Privacy.PARTIAL),
+            "privacy full": lambda: services.set_privacy(HER, Privacy.FULL),
+        }
+        await actions[withdrawal]()
+        await services.summaries.settle()
+        expected = WITHDRAWAL_TABLE[withdrawal]
+        summary = day_rows(await rows(world))[monday]["summary"]
+        log_texts = [r["text"] for r in await world.core.pool.fetch("SELECT text FROM chat_messages")]
+        assert ("Juno: her zebrafinch secret" in summary) == expected.her_words_summarised, summary
+        assert ("about her zebrafinch secret" in summary) == expected.reply_summarised, summary
+        assert ("about her zebrafinch secret" in log_texts) == expected.reply_in_log
+        assert ("her zebrafinch secret" in log_texts) == expected.her_message_in_log
+        assert "sam's plain news" in summary  # the rest of the day stays summarised

@@ -18,6 +18,7 @@ from bot.embeddings.providers import DeadlineEmbedder, EmbeddingSpace
 from bot.history.service import HistoryIndex
 from bot.memory.models import Conversation, MemoryList, NewMemory, Source
 from bot.memory.service import MemoryCore
+from bot.servers.models import Actor
 from bot.services import memory_core
 from bot.upkeep import Upkeep
 from tests.conftest import MakeCore
@@ -60,7 +61,7 @@ async def test_rebuild_across_two_spaces_resumes_where_it_stopped(make_core: Mak
     for text in ("Game night is on Fridays", "Juno's cat is called Mochi", "The server was founded in 2019"):
         await old.core.save(NewMemory(MemoryList.SERVER, text, by=JUNO, via=Source.COMMAND, guild_id=GUILD, by_can_manage=True))
     await old.say(HIKE + HIKE + GAMES + GAMES + CHATTER)
-    await old.documents.add(GUILD, "handbook.md", HANDBOOK, by=JUNO)
+    await old.documents.add(GUILD, "handbook.md", HANDBOOK, Actor(JUNO, can_manage=True))
     first = await old.upkeep.rebuild()
     assert first.counts["chunks"].done == 2 and first.paused is None
     old_space = await old.core.embeddings.space_id()

@@ -21,6 +21,7 @@ from bot.config import Settings
 from bot.embeddings.providers import BuiltinEmbedder, create_embedder
 from bot.memory.models import MemoryList, NewMemory, Source
 from bot.memory.service import MemoryCore
+from bot.servers.models import Actor
 from bot.services import memory_core
 from bot.tools.chart import buckets, days_unused_chart
 from tests.conftest import MakeCore
@@ -63,7 +64,7 @@ async def test_one_embedding_request_per_reply_for_memories_documents_and_histor
     world = await build_world(core_on_the_server, clock, chat.base_url)
     try:
         await server_memory(world.core, "Game night voice channel is called The Tavern")
-        await world.documents.add(GUILD, "handbook.md", HANDBOOK, by=JUNO)
+        await world.documents.add(GUILD, "handbook.md", HANDBOOK, Actor(JUNO, can_manage=True))
         await world.say(HIKE + HIKE + [(SAM, "game night this friday? who is hosting the games")] * 2 + CHATTER)
         await world.upkeep.rebuild()
         assert (await world.upkeep.waiting()) == {"memories": 0, "chunks": 0, "passages": 0}
@@ -90,7 +91,7 @@ async def world(make_core: MakeCore, clock: ManualClock, chat: FakeChatServer) -
 
 async def test_receipts_match_what_was_sent(world: World, chat: FakeChatServer) -> None:
     desk = await server_memory(world.core, "Game night voice channel is called The Tavern")
-    await world.documents.add(GUILD, "handbook.md", HANDBOOK, by=JUNO)
+    await world.documents.add(GUILD, "handbook.md", HANDBOOK, Actor(JUNO, can_manage=True))
     await world.say(HIKE + HIKE + CHATTER)
     await world.upkeep.rebuild()
 
@@ -199,7 +200,7 @@ async def test_memories_why_shows_the_receipt_to_the_caller_only(harness: SlashH
     maxs = await core.save(NewMemory(MemoryList.PERSONAL, "Max is allergic to cats", by=MAX.id, via=Source.COMMAND,
                                      guild_id=GUILD_ID, owner_id=MAX.id))
     assert maxs.saved is not None
-    await bot.services.documents.add(GUILD_ID, "handbook.md", HANDBOOK, by=ADMIN.id)  # type: ignore[attr-defined]
+    await bot.services.documents.add(GUILD_ID, "handbook.md", HANDBOOK, Actor(ADMIN.id, can_manage=True))  # type: ignore[attr-defined]
     world = World(bot.services, pipeline, bot.services.history, bot.services.documents, bot.services.upkeep, clock)  # type: ignore[attr-defined]
     await world.say([(RIN, "hi all")], guild=GUILD_ID, channel=GENERAL_ID)
     await pipeline.chat_log.record(dataclasses.replace(  # Max writes in the channel: he takes part, his memories count

@@ -26,6 +26,7 @@ from bot.embeddings.providers import BuiltinEmbedder, create_embedder
 from bot.memory import store
 from bot.memory.models import MemoryList, NewMemory, Source
 from bot.memory.service import MemoryCore
+from bot.servers.models import Actor
 from bot.services import build_services, memory_core
 from tests.fakes import FakeChatServer, FakeEmbeddingsServer
 
@@ -60,7 +61,7 @@ async def test_embedder_garbage_mid_reply_changes_no_counter_and_forgets_nothing
     pipeline = build_services(core, bot_user_id=9000).pipeline
     await pipeline.start()
     try:
-        await core.servers.update_guild_settings(GUILD, notice_verbosity="verbose")
+        await core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), notice_verbosity="verbose")
         for text in ("The server was founded in 2019", "Movie night is on Fridays", "The mascot is a heron"):
             assert (await core.save(NewMemory(MemoryList.SERVER, text, by=JUNO, guild_id=GUILD))).saved
         clock.current += timedelta(days=1)
@@ -156,7 +157,7 @@ async def test_tools_the_bot_does_not_offer_here_change_nothing(
     kept = await core.save(NewMemory(MemoryList.SERVER, "The server was founded in 2019", by=JUNO, via=Source.COMMAND,
                                      guild_id=GUILD, by_can_manage=True))
     assert kept.saved is not None
-    await core.servers.update_guild_settings(GUILD, self_teaching=False)
+    await core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), self_teaching=False)
     chat.tool_calls(("save_memory", {"text": "Sneaky fact", "list": "server"}),
                     ("forget_memory", {"memory_id": kept.saved.id}), text="ok")
     outcome = await pipeline.reply(said("remember this", clock))

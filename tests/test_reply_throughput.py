@@ -30,6 +30,7 @@ from bot.embeddings.providers import (
 )
 from bot.memory.models import Conversation, MemoryList, NewMemory
 from bot.servers import store as servers_store
+from bot.servers.models import Actor
 from bot.services import build_services
 from bot.tokens import _count_long, _count_short, count_tokens, count_tokens_uncached
 from tests.conftest import MakeCore
@@ -266,7 +267,7 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
     pipeline = build_services(core, bot_user_id=BOT).pipeline
     pipeline.sources = []  # the tail sources' own searches are measured elsewhere
     await pipeline.start()
-    await pipeline.servers.add_lore(GUILD, "The mascot is a heron.", by=JUNO)
+    await pipeline.servers.add_lore(GUILD, Actor(JUNO, can_manage=True), "The mascot is a heron.")
     assert (await core.save(NewMemory(MemoryList.PERSONAL, "Rin plays drums", by=RIN, guild_id=GUILD, owner_id=RIN))).saved
     for author, text in ((SAM, "one"), (SAM, "two"), (RIN, "three")):  # Rin takes part: her memories count
         await pipeline.chat_log.record(message(author, text, clock=clock))
@@ -303,7 +304,7 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
 
     # another bot process turns self-teaching off: the next reply offers no tools (nothing cached)
     async with pool.acquire() as conn:
-        await servers_store.update_guild_settings(conn, GUILD, {"self_teaching": False})
+        await servers_store.update_guild_settings(conn, Actor(1, can_manage=True), GUILD, {"self_teaching": False})
     await pipeline.reply(message(JUNO, "and now?", clock=clock))
     assert "tools" not in chat.requests[-1]
     await pipeline.close()

@@ -16,7 +16,7 @@ from bot.clock import ManualClock
 from bot.embeddings.providers import EmbeddingError, EmbeddingSpace, NoEmbedder
 from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Rejection, Source
 from bot.memory.service import MemoryCore
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
 from tests.conftest import MakeCore
 
 GUILD, OTHER_GUILD, CHANNEL, OTHER_CHANNEL = 10, 11, 20, 21
@@ -229,7 +229,7 @@ async def test_global_personal_memories_are_protected_and_count_against_every_pe
     clock.set_date(DAY1)
     tied_here = await save_ok(core, personal_memory(TEA, BAU, guild=GUILD))
     tied_there = await save_ok(core, personal_memory("Bau collects vinyl records", BAU, guild=OTHER_GUILD))
-    global_one = await save_ok(core, personal_memory("Bau is vegetarian", BAU, guild=None, is_global=True))
+    global_one = await save_ok(core, personal_memory("Bau is vegetarian", BAU, guild=None, is_global=True, via=Source.COMMAND))
     assert global_one.protected and global_one.is_global
     # Both persona lists now hold 2 (one tied + the Global one): full. Make the tied ones dormant.
     await chat_days(core, clock, 1, DAY1, author=BAU)
@@ -278,7 +278,7 @@ async def test_who_may_save_and_change(make_core: MakeCore, clock: ManualClock) 
     assert stranger.rejected == Rejection.NOT_ALLOWED
     member = await core.save(NewMemory(MemoryList.SERVER, CAT, by=JUNO, via=Source.COMMAND, guild_id=GUILD))
     assert member.rejected == Rejection.NOT_ALLOWED
-    await core.servers.update_guild_settings(GUILD, member_teaching=True)
+    await core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), member_teaching=True)
     own = await save_ok(core, NewMemory(MemoryList.SERVER, CAT, by=JUNO, via=Source.COMMAND, guild_id=GUILD))
     assert (await core.edit(own.id, CAT + "!", by=JUNO, via=Source.COMMAND)).saved is not None
     admin_made = await save_ok(core, server_memory(MINECRAFT, via=Source.COMMAND))
@@ -287,7 +287,7 @@ async def test_who_may_save_and_change(make_core: MakeCore, clock: ManualClock) 
     assert (await core.edit(bau_tea.id, "tea", by=JUNO, via=Source.COMMAND)).rejected == Rejection.NOT_ALLOWED
     assert (await core.delete(bau_tea.id, by=BAU, via=Source.COMMAND)).rejected is None
 
-    await core.servers.update_guild_settings(GUILD, self_teaching=False)
+    await core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), self_teaching=False)
     assert (await core.save(server_memory(TEA))).rejected == Rejection.NOT_ALLOWED
     assert (await core.save(personal_memory(BASS, JUNO))).rejected == Rejection.NOT_ALLOWED
     assert (await core.save(personal_memory(BASS, JUNO, guild=None))).saved is not None  # DMs are not that server
@@ -321,7 +321,7 @@ async def test_blocked_users_and_personal_memories_off(make_core: MakeCore, cloc
     elsewhere = await core.reply_search(message(ASK_TEA, author=BAU, guild=OTHER_GUILD))
     assert [s.memory.id for s in elsewhere.used] == [tea.id]  # the block holds in that server only
 
-    await core.servers.update_guild_settings(OTHER_GUILD, personal_memories=False)
+    await core.servers.update_guild_settings(OTHER_GUILD, Actor(1, can_manage=True), personal_memories=False)
     off = await core.reply_search(message(ASK_TEA, author=BAU, guild=OTHER_GUILD))
     assert off.used == [] and off.desk == []
     assert (await core.save(personal_memory("Bau has two sisters", BAU, guild=OTHER_GUILD))).rejected == Rejection.NOT_ALLOWED
@@ -367,7 +367,7 @@ async def test_tags_hide_a_memory_unless_a_tag_is_in_the_context_when_tagging_is
     assert tagged.tags == ("minecraft", "servers")
     without = await core.reply_search(message(CHATTER[0]))
     assert {m.id for m in without.desk} == {tagged.id, untagged.id}  # tagging is off by default
-    await core.servers.update_guild_settings(GUILD, tagging=True)
+    await core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), tagging=True)
     clock.set_date(DAY1 + timedelta(days=1))
     hidden = await core.reply_search(message(CHATTER[0]))
     assert [m.id for m in hidden.desk] == [untagged.id]

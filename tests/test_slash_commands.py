@@ -327,7 +327,7 @@ async def test_privacy_level_export_and_delete_everything(harness: SlashHarness)
 async def test_settings_notices_blocklist_auto_reply_persona_and_lore(harness: SlashHarness) -> None:
     core = core_of(harness)
     call = await harness.run(harness.slash("settings notices", ADMIN, mode="log"))
-    assert call.ephemeral and call.content.startswith("Pick a log_channel")
+    assert call.ephemeral and call.content.startswith("Pick a log channel")
     command = harness.slash("settings notices", ADMIN, mode="log", verbosity="verbose", log_channel=LOG_CHANNEL_ID)
     call = await harness.run(command)
     assert f"to <#{LOG_CHANNEL_ID}>, verbose" in call.content
@@ -355,12 +355,12 @@ async def test_settings_notices_blocklist_auto_reply_persona_and_lore(harness: S
     text = shown.text()
     assert "Persona: Juniper" in text and "**language**: Spanish" in text and "1 entries" in text and "Tagging" in text
     pipeline = harness.bot.services.pipeline  # type: ignore[attr-defined]
-    assert (await pipeline.servers.persona(GUILD_ID))["attributes"] == {"language": "Spanish"}
+    assert (await pipeline.servers.persona(GUILD_ID)).attributes == {"language": "Spanish"}
     [entry] = await pipeline.servers.lore(GUILD_ID)
     choices = await harness.run(harness.autocomplete("settings lore remove", ADMIN, "entry", entry="spanish"))
-    assert choices.body and choices.body["data"]["choices"][0]["value"] == entry["id"]
-    removed = await harness.run(harness.slash("settings lore remove", ADMIN, entry=entry["id"]))
-    assert removed.content == f"Removed lore entry #{entry['id']}."
+    assert choices.body and choices.body["data"]["choices"][0]["value"] == entry.id
+    removed = await harness.run(harness.slash("settings lore remove", ADMIN, entry=entry.id))
+    assert removed.content == f"Removed lore entry #{entry.id}."
     assert await pipeline.servers.lore(GUILD_ID) == []
 
 
@@ -371,7 +371,7 @@ async def test_persona_prompt_modal(harness: SlashHarness) -> None:
     typed = {"Who is the bot here, and how does it talk?": "You are Juniper."}
     done = await harness.run(harness.modal_submit(modal, ADMIN, typed))
     assert "Saved the persona prompt" in done.content
-    assert (await harness.bot.services.pipeline.servers.persona(GUILD_ID))["prompt"] == "You are Juniper."  # type: ignore[attr-defined]
+    assert (await harness.bot.services.pipeline.servers.persona(GUILD_ID)).prompt == "You are Juniper."  # type: ignore[attr-defined]
 
 
 async def test_stats_and_search(harness: SlashHarness) -> None:

@@ -1,6 +1,6 @@
 """`python -m bot smoke` against the fake chat server: the report, the verdict line and the exit status.
 
-The real runs (llama.cpp with small models) are in the README; here the fake answers the first turn with a
+The real runs (llama.cpp with small models) are in docs/models.md; here the fake answers the first turn with a
 call written as text, the way those models do, so the verdict logic and the report are checked without one.
 """
 

@@ -14,13 +14,14 @@ import pytest
 
 from bot.chat.messages import IncomingMessage
 from bot.errors import NotAllowed
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
 from bot.summaries.models import Status
 from bot.summaries.writer import read_answer
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import CHANNEL, GUILD, JUNO, OTHER_CHANNEL, RIN, SAM, World, build_world
 
 MONDAY = date(2026, 1, 5)
+ADMIN = Actor(JUNO, can_manage=True)
 THREAD = 777
 
 
@@ -222,18 +223,18 @@ async def test_an_edited_summary_survives_regeneration_and_stale_days(world: Wor
     await chat_day(world, MONDAY + timedelta(days=1), [(SAM, "ok")])
     summaries = world.services.summaries
     monday = day_rows(await rows(world))[MONDAY]
-    await summaries.edit(CHANNEL, monday["id"], "The group meets at the lake on Saturday.", ["Saturday at the lake"], by=JUNO)
+    await summaries.edit(CHANNEL, monday["id"], "The group meets at the lake on Saturday.", ["Saturday at the lake"], ADMIN)
     with pytest.raises(NotAllowed, match="edited by hand"):
-        await summaries.regenerate(CHANNEL, GUILD, monday["id"])
+        await summaries.regenerate(CHANNEL, GUILD, monday["id"], ADMIN)
     await world.services.chat.deleted(CHANNEL, [sent[0].message_id])
     await chat_day(world, MONDAY + timedelta(days=2), [(SAM, "wednesday")])
     kept = day_rows(await rows(world))[MONDAY]
     assert kept["summary"] == "The group meets at the lake on Saturday." and kept["edited_by"] == JUNO
 
-    await summaries.delete(CHANNEL, monday["id"])  # deleted: out of the prompt, not written again by itself
+    await summaries.delete(CHANNEL, monday["id"], ADMIN)  # deleted: out of the prompt, not written again by itself
     await chat_day(world, MONDAY + timedelta(days=3), [(SAM, "thursday")])
     assert day_rows(await rows(world))[MONDAY]["status"] == "deleted"
-    again = await summaries.regenerate(CHANNEL, GUILD, monday["id"])  # asked for: written from what is left
+    again = await summaries.regenerate(CHANNEL, GUILD, monday["id"], ADMIN)  # asked for: written from what is left
     assert again.status == Status.EMPTY and "lake" not in again.summary  # its one message was deleted
 
 

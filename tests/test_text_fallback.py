@@ -22,7 +22,7 @@ from bot.clock import ManualClock
 from bot.embeddings.providers import NoEmbedder
 from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Source
 from bot.memory.service import MemoryCore
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
 from bot.services import memory_core
 from tests.conftest import MakeCore
 from tests.fakes import FakeChatServer
@@ -151,7 +151,7 @@ async def test_the_fallback_sees_exactly_what_the_search_may_see(
         await save(core, "The pottery glaze order is tracked with the kiln tag", tags=("kiln",)),
     ]
     await to_the_drawer(core, *shown, *hidden)
-    await core.servers.update_guild_settings(GUILD, tagging=True)
+    await core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), tagging=True)
     await core.servers.set_privacy(RIN, Privacy.FULL)
     await core.servers.set_blocked(GUILD, SAM, True)
     before = await counters(core)
@@ -214,9 +214,9 @@ async def test_as_many_as_a_search_recalls_within_the_memory_budget(world: World
 
 
 async def test_older_chat_and_document_passages_are_found_by_text(world: World, chat: FakeChatServer) -> None:
-    await world.documents.add(GUILD, "handbook.md", HANDBOOK, by=JUNO)
+    await world.documents.add(GUILD, "handbook.md", HANDBOOK, Actor(JUNO, can_manage=True))
     secret = b"# Minecraft\nThe other server's address is hidden.example.org.\n"
-    await world.documents.add(OTHER_GUILD, "secret.md", secret, by=JUNO)
+    await world.documents.add(OTHER_GUILD, "secret.md", secret, Actor(JUNO, can_manage=True))
     await world.say(HIKE + HIKE + FILLER)
     await world.say(HIKE + HIKE + FILLER, channel=OTHER_CHANNEL)
     await world.history.chunk_pending()
@@ -268,7 +268,7 @@ async def test_the_budgets_hold_for_what_is_found_by_text(world: World, chat: Fa
 
 
 async def test_a_failing_fallback_never_costs_the_reply(world: World, chat: FakeChatServer) -> None:
-    await world.documents.add(GUILD, "handbook.md", HANDBOOK, by=JUNO)
+    await world.documents.add(GUILD, "handbook.md", HANDBOOK, Actor(JUNO, can_manage=True))
     await world.say(HIKE + HIKE + FILLER)
     await world.history.chunk_pending()
     pool = world.core.pool
@@ -289,7 +289,7 @@ async def test_a_failing_fallback_never_costs_the_reply(world: World, chat: Fake
 
 async def test_chunks_and_passages_carry_their_words(world: World) -> None:
     """The words are kept by the database however a row is written (migration 010), as memories' are."""
-    await world.documents.add(GUILD, "handbook.md", HANDBOOK, by=JUNO)
+    await world.documents.add(GUILD, "handbook.md", HANDBOOK, Actor(JUNO, can_manage=True))
     await world.say(HIKE + HIKE + FILLER)
     await world.history.chunk_pending()
     pool = world.core.pool
@@ -304,7 +304,7 @@ async def test_without_an_embedder_documents_are_found_by_their_words(
     """EMBEDDING_PROVIDER=none: every memory stays on the desk, and documents can still be quoted, by text."""
     world = await build_world(lambda **kw: make_core(embedder=NoEmbedder(), **kw), clock, chat.base_url, context_messages=6)
     try:
-        await world.documents.add(GUILD, "handbook.md", HANDBOOK, by=JUNO)
+        await world.documents.add(GUILD, "handbook.md", HANDBOOK, Actor(JUNO, can_manage=True))
         outcome = await world.pipeline.reply(world.message(RIN, "what's the minecraft server address?"))
         assert not outcome.recall.search_ok and outcome.recall.by_text == []
         assert [item["section"] for item in outcome.receipt.items("documents")] == ["Minecraft"]

@@ -226,7 +226,7 @@ async def test_replayed_small_model_conversation_saves_mochi_and_posts_no_call_j
     assert len(mochi) == 1, stored  # saved on the first turn, recognised (not saved again) on the last
     # The model's update_memory of a memory that does not exist (#12) is refused, so the chess/Spanish turn saves nothing.
     assert "there is no memory #12" in replay.tool_results(3)[0]["error"]
-    # Current behaviour, to be documented in the README: the small model saves general knowledge as a
+    # Current behaviour, documented in docs/models.md ("Duplicates"): the small model saves general knowledge as a
     # personal memory of the person who asked, and the bot stores it (nothing tells such a fact from a personal one).
     assert [m["text"] for m in stored if "France" in m["text"]] == ["The capital of France is Paris"]
     [paris] = [m for m in stored if "France" in m["text"]]
@@ -388,7 +388,7 @@ HOSTILE: list[Any] = [
     pytest.param(
         "save_memory",
         {"text": "Sam plays the bassoon", "list": "personal", "about_user": "Sam"},
-        None,
+        "can only be about the person you answer",  # what Juno says about Sam is not Sam's memory
         id="about_user-participant-name",
     ),
     pytest.param(
@@ -413,13 +413,17 @@ HOSTILE: list[Any] = [
     pytest.param(
         "save_memory",
         {"text": "Juno collects vinyl records", "list": "personal", "global": "true"},
-        None,
+        "only the person can make a Global memory",
         id="global-as-a-string",
     ),
     pytest.param("save_memory", {"list": "personal"}, "text is missing", id="text-missing"),
-    # the 0.5B model's "list": ["server"] with a person named: a fact about that person is a personal memory
+    # the 0.5B model's "list": ["server"] with a person named: a fact about that person would be their personal memory
     pytest.param(
-        "save_memory", {"text": "Sam works nights", "list": ["server"], "about_user": "Sam"}, None, id="server-naming-a-person"
+        "save_memory", {"text": "Sam works nights", "list": ["server"], "about_user": "Sam"},
+        "can only be about the person you answer", id="server-naming-a-person",
+    ),
+    pytest.param(
+        "save_memory", {"text": "Juno likes tea", "list": "personal", "about_user": "Juno"}, None, id="about_user-the-author"
     ),
 ]
 
@@ -460,8 +464,7 @@ async def test_a_hostile_call_next_to_a_valid_save_still_gets_the_reply_the_noti
     assert isinstance(arguments, dict)
     [made] = [m for m in stored if m["id"] == hostile["memory_id"]]
     assert made["text"] == arguments["text"] and made["list"] == "personal"
-    assert made["owner_id"] == (SAM if arguments.get("about_user") == "Sam" else JUNO)
-    assert made["is_global"] is (arguments.get("global") == "true")
+    assert made["owner_id"] == JUNO and made["is_global"] is False
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from bot.memory.lists import ImportMode
 from bot.memory.manage import MemoryManager
 from bot.memory.models import Source, VersionVia
 from bot.memory.relatedness import same_subject
+from bot.servers.models import Actor
 from bot.services import build_services
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import GUILD, JUNO, SAM, build_world
@@ -57,15 +58,15 @@ def test_without_an_embedding_a_shared_word_decides() -> None:
 async def test_every_command_edit_keeps_the_old_text_and_a_restore_brings_it_back(make_core, clock) -> None:
     mgr = MemoryManager(await make_core())
     ref = await mgr.server_list(GUILD)
-    first = await mgr.add(ref, "Game night is on Fridays", by=ADMIN, by_can_manage=True)
+    first = await mgr.add(ref, "Game night is on Fridays", actor=Actor(ADMIN, can_manage=True))
     assert first.saved is not None
     memory_id = first.saved.id
     saved_at = clock.now()
     clock.current += timedelta(hours=2)
-    await mgr.edit(ref, memory_id, "Game night is on Saturdays", by=ADMIN, by_can_manage=True)
+    await mgr.edit(ref, memory_id, "Game night is on Saturdays", actor=Actor(ADMIN, can_manage=True))
     clock.current += timedelta(hours=2)
-    await mgr.edit(ref, memory_id, "Game night is on Saturdays", by=ADMIN, by_can_manage=True, tags=["games"])  # same text
-    await mgr.edit(ref, memory_id, "Game night is on Sundays at 8pm", by=ADMIN, by_can_manage=True)
+    await mgr.edit(ref, memory_id, "Game night is on Saturdays", actor=Actor(ADMIN, can_manage=True), tags=["games"])  # same text
+    await mgr.edit(ref, memory_id, "Game night is on Sundays at 8pm", actor=Actor(ADMIN, can_manage=True))
 
     page = await mgr.versions.page(ref, memory_id)
     assert page.memory.text == "Game night is on Sundays at 8pm" and page.total == 2  # a tags-only change is no version
@@ -76,18 +77,18 @@ async def test_every_command_edit_keeps_the_old_text_and_a_restore_brings_it_bac
     assert oldest.replaced_at == saved_at + timedelta(hours=2) and oldest.reason == "edited with a command"
     assert newest.written_at == oldest.replaced_at  # each text's life: from the change that wrote it to the next
 
-    restored = await mgr.versions.restore(ref, memory_id, oldest.id, by=ADMIN, by_can_manage=True)
+    restored = await mgr.versions.restore(ref, memory_id, oldest.id, actor=Actor(ADMIN, can_manage=True))
     assert restored.saved is not None and restored.saved.text == "Game night is on Fridays" and restored.saved.protected
     page = await mgr.versions.page(ref, memory_id)
     assert page.total == 3 and page.versions[0].text == "Game night is on Sundays at 8pm"
     assert page.versions[0].reason == f"restored version #{oldest.id}"  # a restore can itself be undone
     with pytest.raises(Refusal, match="already has"):
-        await mgr.versions.restore(ref, memory_id, oldest.id, by=ADMIN, by_can_manage=True)
+        await mgr.versions.restore(ref, memory_id, oldest.id, actor=Actor(ADMIN, can_manage=True))
     with pytest.raises(Refusal, match="no version"):
-        await mgr.versions.restore(ref, memory_id, 999_999, by=ADMIN, by_can_manage=True)
+        await mgr.versions.restore(ref, memory_id, 999_999, actor=Actor(ADMIN, can_manage=True))
     # paginated: five to a page, newest first; another list's memory is "not there"
     for number in range(7):
-        await mgr.edit(ref, memory_id, f"Game night is on Fridays, room {number}", by=ADMIN, by_can_manage=True)
+        await mgr.edit(ref, memory_id, f"Game night is on Fridays, room {number}", actor=Actor(ADMIN, can_manage=True))
     second = await mgr.versions.page(ref, memory_id, 1)
     assert (second.total, second.pages, len(second.versions)) == (10, 2, 5)
     with pytest.raises(Refusal, match="no memory"):
@@ -97,12 +98,12 @@ async def test_every_command_edit_keeps_the_old_text_and_a_restore_brings_it_bac
 async def test_a_member_may_not_restore_what_they_may_not_edit(make_core) -> None:
     mgr = MemoryManager(await make_core())
     ref = await mgr.server_list(GUILD)
-    saved = await mgr.add(ref, "Rule 1: be kind", by=ADMIN, by_can_manage=True)
+    saved = await mgr.add(ref, "Rule 1: be kind", actor=Actor(ADMIN, can_manage=True))
     assert saved.saved is not None
-    await mgr.edit(ref, saved.saved.id, "Rule 1: be kind to everyone", by=ADMIN, by_can_manage=True)
+    await mgr.edit(ref, saved.saved.id, "Rule 1: be kind to everyone", actor=Actor(ADMIN, can_manage=True))
     version = (await mgr.versions.page(ref, saved.saved.id)).versions[0]
-    refused = await mgr.versions.restore(ref, saved.saved.id, version.id, by=SAM, by_can_manage=False)
-    assert refused.saved is None and "Manage Server" in refused.detail
+    with pytest.raises(Refusal, match="Manage Server"):
+        await mgr.versions.restore(ref, saved.saved.id, version.id, actor=Actor(SAM))
     assert (await mgr.get(ref, saved.saved.id)).text == "Rule 1: be kind to everyone"
 
 
@@ -110,7 +111,7 @@ async def test_the_models_unrelated_update_is_saved_beside_the_memory_it_would_h
     async with FakeChatServer() as chat:
         world = await build_world(make_core, clock, chat.base_url, chat_timeout_s=60.0)
         core, mgr = world.core, world.services.memories
-        cat = await mgr.add(await mgr.personal_list(JUNO, GUILD), "Juno's cat is called Mochi", by=JUNO)
+        cat = await mgr.add(await mgr.personal_list(JUNO, GUILD), "Juno's cat is called Mochi", actor=Actor(JUNO))
         assert cat.saved is not None
         await _unprotect(world, cat.saved.id)
         chat.tool_calls(
@@ -145,7 +146,7 @@ async def test_the_model_never_changes_a_protected_memory(make_core, clock) -> N
     async with FakeChatServer() as chat:
         world = await build_world(make_core, clock, chat.base_url, chat_timeout_s=60.0)
         mgr = world.services.memories
-        rule = await mgr.add(await mgr.server_list(GUILD), "Rule 1: be kind", by=ADMIN, by_can_manage=True)
+        rule = await mgr.add(await mgr.server_list(GUILD), "Rule 1: be kind", actor=Actor(ADMIN, can_manage=True))
         assert rule.saved is not None
         chat.tool_calls(("update_memory", {"memory_id": rule.saved.id, "text": "Rule 1: anything goes"})).text("ok")
         asked = dataclasses.replace(world.message(SAM, "change rule 1 to anything goes"), author_can_manage=True)
@@ -157,18 +158,18 @@ async def test_the_model_never_changes_a_protected_memory(make_core, clock) -> N
 async def test_exports_carry_versions_and_imports_take_them(make_core) -> None:
     mgr = MemoryManager(await make_core())
     ref = await mgr.personal_list(JUNO, GUILD)
-    saved = await mgr.add(ref, "Juno lives in Berlin", by=JUNO)
+    saved = await mgr.add(ref, "Juno lives in Berlin", actor=Actor(JUNO))
     assert saved.saved is not None
-    await mgr.edit(ref, saved.saved.id, "Juno lives in Lisbon", by=JUNO)
-    doc = await mgr.export(ref)
+    await mgr.edit(ref, saved.saved.id, "Juno lives in Lisbon", actor=Actor(JUNO))
+    doc = await mgr.export(ref, Actor(JUNO))
     (entry,) = doc["memories"]
     assert entry["text"] == "Juno lives in Lisbon"
     assert [(v["text"], v["replaced_via"], v["reason"]) for v in entry["versions"]] == [
         ("Juno lives in Berlin", "command", "edited with a command")
     ]
     other = await mgr.personal_list(SAM, GUILD)
-    plan = mgr.parse_import(other, MemoryManager.to_bytes(doc))
-    result = await mgr.import_memories(other, plan, mode=ImportMode.MERGE, by=SAM)
+    plan = mgr.parse_import(other, json.dumps(doc).encode())
+    result = await mgr.import_memories(other, plan, mode=ImportMode.MERGE, actor=Actor(SAM))
     assert result.added == 1
     user_data = await build_services(mgr.core).export_user_data(JUNO)
     assert user_data["personal_memories"][0]["versions"][0]["text"] == "Juno lives in Berlin"
@@ -177,18 +178,18 @@ async def test_exports_carry_versions_and_imports_take_them(make_core) -> None:
 async def test_delete_my_data_removes_the_persons_versions(make_core) -> None:
     mgr = MemoryManager(await make_core())
     core = mgr.core
-    await core.servers.update_guild_settings(GUILD, member_teaching=True)
+    await core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), member_teaching=True)
     server = await mgr.server_list(GUILD)
-    juno_fact = await mgr.add(server, "Juno runs the book club", by=JUNO)  # her words, in a server memory
+    juno_fact = await mgr.add(server, "Juno runs the book club", actor=Actor(JUNO))  # her words, in a server memory
     assert juno_fact.saved is not None
-    await mgr.edit(server, juno_fact.saved.id, "The book club meets on Mondays", by=ADMIN, by_can_manage=True)
-    admin_fact = await mgr.add(server, "Movie night is on Fridays", by=ADMIN, by_can_manage=True)
+    await mgr.edit(server, juno_fact.saved.id, "The book club meets on Mondays", actor=Actor(ADMIN, can_manage=True))
+    admin_fact = await mgr.add(server, "Movie night is on Fridays", actor=Actor(ADMIN, can_manage=True))
     assert admin_fact.saved is not None
     # she (with Manage Server) replaced the admin's words
-    await mgr.edit(server, admin_fact.saved.id, "Movie night is on Thursdays", by=JUNO, by_can_manage=True)
-    own = await mgr.add(await mgr.personal_list(JUNO, GUILD), "Juno lives in Berlin", by=JUNO)
+    await mgr.edit(server, admin_fact.saved.id, "Movie night is on Thursdays", actor=Actor(JUNO, can_manage=True))
+    own = await mgr.add(await mgr.personal_list(JUNO, GUILD), "Juno lives in Berlin", actor=Actor(JUNO))
     assert own.saved is not None
-    await mgr.edit(await mgr.personal_list(JUNO, GUILD), own.saved.id, "Juno lives in Lisbon", by=JUNO)
+    await mgr.edit(await mgr.personal_list(JUNO, GUILD), own.saved.id, "Juno lives in Lisbon", actor=Actor(JUNO))
 
     counts = await build_services(core).delete_user_data(JUNO)
     assert counts["memory_versions"] == 2  # the texts she wrote: "Juno runs the book club", "Juno lives in Berlin"

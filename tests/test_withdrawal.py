@@ -16,7 +16,7 @@ from datetime import UTC, date, datetime, time, timedelta
 import pytest
 
 from bot.chat.messages import IncomingMessage
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
 from tests.fakes import FakeChatServer
 from tests.recall_helpers import BOT, CHANNEL, GUILD, JUNO, SAM, World
 from tests.test_summaries import chat_day, day_rows, rows, summarizer, summary_world  # noqa: F401  (fixture)
@@ -84,7 +84,7 @@ async def test_a_withdrawal_while_the_day_is_summarised_wins(
     actions: dict[str, Callable[[], Awaitable[object]]] = {
         "delete": lambda: world.services.chat.deleted(CHANNEL, [sent[0].message_id]),
         "edit": lambda: world.services.chat.edited(CHANNEL, sent[0].message_id, "never mind", world.clock.now()),
-        "block": lambda: world.services.set_blocked(GUILD, JUNO, True),
+        "block": lambda: world.services.set_blocked(GUILD, JUNO, True, Actor(1, can_manage=True)),
         "privacy full": lambda: world.services.set_privacy(JUNO, Privacy.FULL),
     }
     await actions[withdrawal]()
@@ -110,7 +110,7 @@ async def test_a_block_or_privacy_full_after_the_fact_removes_days_and_weeks_hol
 
     summarizer.hold()
     if withdrawal == "block":
-        await world.services.set_blocked(GUILD, JUNO, True)
+        await world.services.set_blocked(GUILD, JUNO, True, Actor(1, can_manage=True))
     else:
         await world.services.set_privacy(JUNO, Privacy.FULL)
     assert "juno" not in await texts_of(world)  # at once, before anything is written again
@@ -210,10 +210,10 @@ async def test_older_chat_holding_someone_blocked_or_fully_private_is_never_reca
 
     assert "marmots" in await recalled()
     if withdrawal == "block":
-        await world.services.set_blocked(GUILD, JUNO, True)
+        await world.services.set_blocked(GUILD, JUNO, True, Actor(1, can_manage=True))
     else:
         await world.services.set_privacy(JUNO, Privacy.FULL)
     assert "marmots" not in await recalled() and "Juno" not in await recalled()
-    await (world.services.set_blocked(GUILD, JUNO, False) if withdrawal == "block"
+    await (world.services.set_blocked(GUILD, JUNO, False, Actor(1, can_manage=True)) if withdrawal == "block"
            else world.services.set_privacy(JUNO, Privacy.NONE))
     assert "marmots" in await recalled()  # hidden, not deleted: undoing the block or the level brings them back

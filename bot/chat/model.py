@@ -192,7 +192,7 @@ class ChatModel:
 
         `chat.completions.create(**request)` first walks every message and tool of the request
         against the SDK's TypedDicts (≈4-5 ms of CPU for a 30-message prompt with tools, the largest
-        single cost of a reply in BENCHMARKS.md) to rename aliased keys and format dates — none of
+        single cost of a reply in docs/benchmarks.md) to rename aliased keys and format dates — none of
         which our plain JSON dicts of strings have. `post` is the same client call otherwise: base URL,
         the API key as a bearer token (the `security` option `create` passes), timeout, retries, the
         typed `ChatCompletion` and the same `openai` exceptions.

@@ -124,7 +124,7 @@ class ReplyPipeline:
             self.servers.prompt_settings(persona_id, message.guild_id),
             self._summaries(message),
         )
-        context = {**log_part, **settings_part}
+        context = log_part
         window = [self._chat_line(row) for row in context["window"]]
         answered = ChatLine(
             message_id=message.message_id,
@@ -142,23 +142,24 @@ class ReplyPipeline:
             text=message.text,
             participant_ids=tuple(p for p in participants if p != message.author_id),
             context_texts=tuple(line.text for line in window),
+            private_thread=message.private_thread,
         )
         recall = await self.core.reply_search(conversation)
 
         owners = {m.owner_id for m in recall.desk if m.owner_id} | {
             s.memory.owner_id for s in (*recall.recalled, *recall.held_back, *recall.by_text) if s.memory.owner_id
         }
-        persona_row, lore, guild = context["persona"], context["lore"], context["guild"]
+        persona_row, lore, guild = settings_part.persona, settings_part.lore, settings_part.guild
         previous_head: str | None = context["previous_head"]
         names: dict[int, str] = context["names"]  # the participants' names, and maybe a few more (harmless: looked up by id)
         if recall.persona_id != persona_id:  # cannot happen while persona ids are cached; stay correct anyway
             again = await self.servers.prompt_settings(recall.persona_id, message.guild_id)
-            persona_row, lore = again["persona"], again["lore"]
+            persona_row, lore = again.persona, again.lore
         missing = owners - context["names_for"]  # memories are about participants, so this is normally empty
         if missing:
             names = {**names, **await self.chat_log.names(missing)}
 
-        tools = self.tools.offered(guild)
+        tools = self.tools.offered(guild, private_thread=message.private_thread)
         extra_tail, tail_reports = await self._extra_tail(message, recall)
         # DESK_REFRESH=daily keeps memories that joined the desk today in the tail, after this reply's recalls;
         # a failed search may still have found dormant memories by their words (read-only)
@@ -168,8 +169,8 @@ class ReplyPipeline:
         try:
             outcome_prompt = build_prompt(
                 PromptInput(
-                    persona=Persona(persona_row["name"], persona_row["prompt"], persona_row["attributes"] or {}),
-                    lore=lore,
+                    persona=Persona(persona_row.name, persona_row.prompt, dict(persona_row.attributes)),
+                    lore=list(lore),
                     desk=recall.desk,
                     user_names=names,
                     history=window,
@@ -203,6 +204,7 @@ class ReplyPipeline:
             context = ToolContext(
                 message=message,
                 participants=set(participants),
+                conversation=conversation,
                 shown_ids=set(outcome_prompt.shown_memory_ids),
                 search_ok=recall.search_ok,
                 offered={tool["function"]["name"] for tool in tools},

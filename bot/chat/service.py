@@ -119,12 +119,12 @@ class ChatService:
         return should_reply(
             TriggerFacts(
                 author_is_bot=message.is_bot,
-                author_blocked=bool(facts["blocked"]),
+                author_blocked=facts.blocked,
                 is_dm=message.is_dm,
                 mentions_bot=mentions_bot,
                 replies_to_bot=replies_to_bot,
-                says_persona_name=says_name(message.text, facts["persona_name"] or ""),
-                auto_reply_channel=bool(facts["auto_reply"]),
+                says_persona_name=says_name(message.text, facts.persona_name),
+                auto_reply_channel=facts.auto_reply,
             )
         )
 

@@ -17,7 +17,7 @@ from bot.chat.notices import ChangeKind, MemoryChange
 from bot.config import Settings
 from bot.errors import InvalidInput
 from bot.failures import database_sentence
-from bot.memory.models import MemoryList, NewMemory, SaveResult, Source
+from bot.memory.models import Conversation, MemoryList, NewMemory, SaveResult, Source
 from bot.memory.service import MemoryCore
 from bot.memory.visibility import shown
 from bot.servers.models import GuildSettings
@@ -38,18 +38,10 @@ def memory_tools(*, server: bool, personal: bool, max_chars: int) -> list[dict[s
         "list": {
             "type": "string",
             "enum": lists,
-            "description": "server: about this server or community; personal: about one person.",
+            "description": "server: about this server or community; personal: about the person you answer, from what "
+            "they said about themselves.",
         },
     }
-    if personal:
-        save_properties["about_user"] = {
-            "type": "string",
-            "description": "Personal memories: the user ID (digits) of the person it is about; defaults to the author.",
-        }
-        save_properties["global"] = {
-            "type": "boolean",
-            "description": "Personal memories: true to use it wherever this person talks to you, not only here.",
-        }
     id_property = {"type": "integer", "description": "The id shown with the memory."}
     return [
         {
@@ -93,6 +85,7 @@ class ToolContext:
 
     message: IncomingMessage
     participants: set[int]
+    conversation: Conversation | None
     shown_ids: set[int]
     search_ok: bool
     offered: set[str]
@@ -162,16 +155,18 @@ class MemoryTools:
         self.core = core
         self.settings = settings
 
-    def offered(self, guild: GuildSettings | None) -> list[dict[str, Any]]:
+    def offered(self, guild: GuildSettings | None, *, private_thread: bool = False) -> list[dict[str, Any]]:
         """No tools where the bot may not teach itself (fewer tokens, no refusals to explain), nor with
-        MEMORY_NOTES=daily (only the day-end notes write memories then)."""
+        MEMORY_NOTES=daily (only the day-end notes write memories then). In a private thread no server list: what is
+        said there stays there."""
         if self.settings.memory_notes == "daily":
             return []
         if guild is None:  # a DM: only the author's personal memories make sense
             return memory_tools(server=False, personal=True, max_chars=self.settings.memory_max_chars)
         if not guild.self_teaching:
             return []
-        return memory_tools(server=True, personal=guild.personal_memories, max_chars=self.settings.memory_max_chars)
+        server = not private_thread
+        return memory_tools(server=server, personal=guild.personal_memories, max_chars=self.settings.memory_max_chars)
 
     async def run(self, name: str, raw_arguments: str | None, context: ToolContext) -> dict[str, Any]:
         """Run one call, or say why not. Never raises: one bad call must not stop the reply or the other calls.
@@ -261,7 +256,7 @@ class MemoryTools:
             if arguments.get("about_user") not in (None, ""):
                 about = _about_user(arguments["about_user"], context)
         elif is_global:
-            raise ToolCallError("only personal memories can be global")
+            raise ToolCallError("only personal memories can be global, and only the person makes them, by command")
         self._spend_action(context)
         result = await self.core.save(
             NewMemory(
@@ -272,6 +267,7 @@ class MemoryTools:
                 guild_id=context.message.guild_id,
                 owner_id=about,
                 is_global=is_global,
+                conversation=context.conversation,
             ),
             search_available=context.search_ok,
         )

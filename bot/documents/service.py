@@ -31,6 +31,8 @@ from bot.embeddings.providers import EmbeddingError
 from bot.embeddings.service import Embeddings, split_at_threshold
 from bot.errors import InvalidInput
 from bot.lexical import lexical_query
+from bot.servers.models import Actor
+from bot.servers.rules import require_manager
 from bot.tokens import count_tokens, encoding
 
 log = logging.getLogger(__name__)
@@ -201,12 +203,17 @@ class DocumentLibrary:
         self.settings = settings
         self.clock = clock
 
-    async def add(self, guild_id: int, filename: str, raw: bytes, *, by: int | None) -> AddedDocument:
+    def check_upload(self, actor: Actor, size: int) -> None:
+        """Before a file is read (adapters read at most DOCUMENT_MAX_BYTES + 1 bytes of it): Manage Server, and the size."""
+        require_manager(actor, "only members with Manage Server can add documents")
+        limit = self.settings.document_max_bytes
+        if size > limit:
+            raise InvalidInput(f"the file has {size:,} bytes; documents are limited to {limit:,} (DOCUMENT_MAX_BYTES)")
+
+    async def add(self, guild_id: int, filename: str, raw: bytes, actor: Actor) -> AddedDocument:
         """Check, split, store (replacing a document of the same name) and embed what can be embedded now."""
         name = clean_name(filename)
-        limit = self.settings.document_max_bytes
-        if len(raw) > limit:
-            raise InvalidInput(f"the file has {len(raw):,} bytes; documents are limited to {limit:,} (DOCUMENT_MAX_BYTES)")
+        self.check_upload(actor, len(raw))
         passages = split_passages(decode_document(raw))
         if not passages:
             raise InvalidInput("the file has no text to search")
@@ -221,7 +228,7 @@ class DocumentLibrary:
                 name=name,
                 size_bytes=len(raw),
                 sha256=hashlib.sha256(raw).hexdigest(),
-                added_by=by,
+                added_by=actor.user_id,
                 created_at=self.clock.now().astimezone(UTC),
                 passages=passages,
             )
@@ -263,7 +270,8 @@ class DocumentLibrary:
             for row in rows
         ]
 
-    async def delete(self, guild_id: int, document_id: int) -> str:
+    async def delete(self, guild_id: int, document_id: int, actor: Actor) -> str:
+        require_manager(actor, "only members with Manage Server can delete documents")
         async with self.pool.acquire() as conn:
             name = await store.delete_document(conn, guild_id, document_id)
         if name is None:

@@ -1,4 +1,4 @@
-"""The core's cache of the desk, so a reply's search sends back only what changed (BENCHMARKS.md §1).
+"""The core's cache of the desk, so a reply's search sends back only what changed (docs/benchmarks.md §1).
 
 Every reply's search returns its whole snapshot: the desk (≈ 60 memories in a busy server) and
 the matches. Turning ≈ 60 rows × 17 columns into `Memory` objects on every reply was most of the

@@ -15,10 +15,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.errors import Refusal
+from bot.memory import command_rights as rights
 from bot.memory import store, versions_store
 from bot.memory.lists import ListRef
 from bot.memory.models import Memory, MemoryVersion, SaveResult, Source
 from bot.memory.service import MemoryCore
+from bot.servers.models import Actor
 
 HISTORY_PAGE_SIZE = 5
 
@@ -61,10 +63,11 @@ class MemoryHistory:
             versions = await versions_store.versions_of(conn, memory_id, offset=number * size, limit=size)
         return HistoryPage(memory, versions, number, size, total)
 
-    async def restore(self, ref: ListRef, memory_id: int, version_id: int, *, by: int, by_can_manage: bool = False) -> SaveResult:
+    async def restore(self, ref: ListRef, memory_id: int, version_id: int, *, actor: Actor) -> SaveResult:
         """Make a version's text the memory's text again: a command edit (protects the memory; the text it
         replaces becomes a version). Who may restore is who may edit."""
         memory = await self._memory(ref, memory_id)
+        await rights.may_change(self.core.servers, ref, memory, actor, "restore")
         async with self.core.pool.acquire() as conn:
             version = await versions_store.get_version(conn, version_id)
         if version is None or version.memory_id != memory_id:
@@ -72,7 +75,7 @@ class MemoryHistory:
         if version.text == memory.text:
             raise Refusal(f"version #{version_id} is the text memory #{memory_id} already has")
         return await self.core.edit(
-            memory_id, version.text, by=by, via=Source.COMMAND, by_can_manage=by_can_manage,
+            memory_id, version.text, by=actor.user_id, via=Source.COMMAND, by_can_manage=actor.can_manage,
             reason=f"restored version #{version_id}",
         )
 

@@ -3,7 +3,7 @@
 The cogs, the console and tests call `MemoryManager`; it reads lists page by page, searches them
 without touching any decay counter (a command is not a reply), and wraps `MemoryCore` for every
 change so the permission and forgetting rules stay in one place. Import and export use the JSON
-format documented in README ("Export format"), versioned so old files keep importing.
+format documented in docs/export-format.md, versioned so old files keep importing.
 
 Every refusal is a `Refusal` whose message is one sentence a person can act on.
 """
@@ -19,6 +19,7 @@ from typing import Any
 from bot.config import Settings
 from bot.embeddings.providers import EmbeddingError
 from bot.errors import Refusal
+from bot.memory import command_rights as rights
 from bot.memory import store
 from bot.memory.history import MemoryHistory
 from bot.memory.lists import (
@@ -37,6 +38,7 @@ from bot.memory.models import Memory, MemoryList, NewMemory, SaveResult, Source
 from bot.memory.service import MemoryCore
 from bot.memory.transfer import EXPORT_FORMAT, EXPORT_VERSION, parse_import
 from bot.memory.visibility import normalize_tags
+from bot.servers.models import Actor
 from bot.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -181,6 +183,23 @@ class MemoryManager:
             decay=decay,
         )
 
+    # --- who may change what (asked before a form opens; each change checks again) -----------------
+
+    async def may_add(self, ref: ListRef, actor: Actor) -> None:
+        await rights.may_add(self.core.servers, ref, actor)
+
+    @staticmethod
+    def check_whole_list(ref: ListRef, actor: Actor, what: str) -> None:
+        """Before a file is read or an answer deferred: may `actor` `what` ("export", "import into") this list (asked
+        again when it is done)."""
+        rights.may_move_whole_list(ref, actor, what)
+
+    async def changeable(self, ref: ListRef, memory_id: int, actor: Actor, what: str = "change") -> Memory:
+        """The memory, if `actor` may change or delete it (`what` says which, for the refusal)."""
+        memory = await self.get(ref, memory_id)
+        await rights.may_change(self.core.servers, ref, memory, actor, what)
+        return memory
+
     # --- changing one memory ------------------------------------------------------------------
 
     async def add(
@@ -188,56 +207,49 @@ class MemoryManager:
         ref: ListRef,
         text: str,
         *,
-        by: int,
-        by_can_manage: bool = False,
+        actor: Actor,
         tags: Sequence[str] = (),
         channel_ids: Sequence[int] = (),
         is_global: bool = False,
     ) -> SaveResult:
         """Save through the core (source `command`, so protected); a full list forgets like any save."""
-        if ref.list == MemoryList.PERSONAL and by != ref.owner_id:
-            raise Refusal("only its owner can add to a personal list")
+        await self.may_add(ref, actor)
         return await self.core.save(
             NewMemory(
                 list=ref.list,
                 text=text,
-                by=by,
+                by=actor.user_id,
                 via=Source.COMMAND,
                 guild_id=ref.guild_id,
                 owner_id=ref.owner_id,
                 is_global=is_global and ref.list == MemoryList.PERSONAL,
                 tags=tuple(tags),
                 channel_ids=tuple(channel_ids),
-                by_can_manage=by_can_manage,
+                by_can_manage=actor.can_manage,
             )
         )
 
     async def edit(
-        self,
-        ref: ListRef,
-        memory_id: int,
-        text: str,
-        *,
-        by: int,
-        by_can_manage: bool = False,
-        tags: Sequence[str] | None = None,
+        self, ref: ListRef, memory_id: int, text: str, *, actor: Actor, tags: Sequence[str] | None = None
     ) -> SaveResult:
         """Edit text (and optionally tags). A command edit protects the memory and restarts its counter."""
-        await self.get(ref, memory_id)
+        await self.changeable(ref, memory_id, actor, "edit")
         wanted_tags = None if tags is None else normalize_tags(tags)
-        return await self.core.edit(memory_id, text, by=by, via=Source.COMMAND, by_can_manage=by_can_manage, tags=wanted_tags)
+        return await self.core.edit(
+            memory_id, text, by=actor.user_id, via=Source.COMMAND, by_can_manage=actor.can_manage, tags=wanted_tags
+        )
 
-    async def delete(self, ref: ListRef, memory_id: int, *, by: int, by_can_manage: bool = False) -> SaveResult:
-        await self.get(ref, memory_id)
-        return await self.core.delete(memory_id, by=by, via=Source.COMMAND, by_can_manage=by_can_manage)
+    async def delete(self, ref: ListRef, memory_id: int, *, actor: Actor) -> SaveResult:
+        await self.changeable(ref, memory_id, actor, "delete")
+        return await self.core.delete(memory_id, by=actor.user_id, via=Source.COMMAND, by_can_manage=actor.can_manage)
 
-    async def move(self, ref: ListRef, memory_id: int, *, to_global: bool, by: int) -> Memory:
+    async def move(self, ref: ListRef, memory_id: int, *, to_global: bool, actor: Actor) -> Memory:
         """Make one of the owner's personal memories Global, or tie it to this persona.
 
         A Global memory counts in every persona's personal list, so a move that would overfill
         one of them is refused (nothing is forgotten for a move).
         """
-        if ref.list != MemoryList.PERSONAL or by != ref.owner_id:
+        if ref.list != MemoryList.PERSONAL or actor.user_id != ref.owner_id:
             raise Refusal("only its owner can move a personal memory")
         memory = await self.get(ref.widened(), memory_id)
         if memory.is_global == to_global:
@@ -269,8 +281,10 @@ class MemoryManager:
             entry["versions"] = versions
         return entry
 
-    async def export(self, ref: ListRef) -> dict[str, Any]:
-        """The list as a versioned JSON document (README "Export format")."""
+    async def export(self, ref: ListRef, actor: Actor) -> dict[str, Any]:
+        """The list as a versioned JSON document (docs/export-format.md): a server's needs Manage Server, a personal
+        one its owner."""
+        rights.may_move_whole_list(ref, actor, "export")
         where, args = ref.filter()
         async with self.core.pool.acquire() as conn:
             memories = await store.list_memories(conn, where, args)
@@ -303,9 +317,7 @@ class MemoryManager:
             known_channel_ids=known_channel_ids,
         )
 
-    async def import_memories(
-        self, ref: ListRef, plan: ImportPlan, *, mode: ImportMode, by: int, by_can_manage: bool = False
-    ) -> ImportResult:
+    async def import_memories(self, ref: ListRef, plan: ImportPlan, *, mode: ImportMode, actor: Actor) -> ImportResult:
         """Merge or replace in ONE transaction: either every memory of the file is in, or nothing changed.
 
         Merge skips texts the list already has. Replace first deletes the list (for personal lists:
@@ -314,15 +326,12 @@ class MemoryManager:
         """
         if plan.list != ref.list:
             raise Refusal("the file was checked for another list; upload it again")
-        if ref.list == MemoryList.SERVER and not by_can_manage:
-            raise Refusal("only members with Manage Server can import server memories")
-        if ref.list == MemoryList.PERSONAL and by != ref.owner_id:
-            raise Refusal("only its owner can import into a personal list")
+        rights.may_move_whole_list(ref, actor, "import into")
         ids, removed, skipped, embedded = await self.core.import_entries(
             ref,
             plan.entries,
             replace=mode == ImportMode.REPLACE,
-            by=by,
+            by=actor.user_id,
             limit=self.limit_of(ref),
         )
         return ImportResult(mode, len(ids), removed, plan.duplicates_in_file + skipped, embedded, plan.dropped_channel_limits)

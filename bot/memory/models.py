@@ -127,7 +127,7 @@ class MemoryVersion:
     reason: str
 
     def as_export(self) -> dict[str, Any]:
-        """This version in an export file (README "Export format"); imports accept and skip it."""
+        """This version in an export file (docs/export-format.md); imports accept and skip it."""
         return {
             "text": self.text,
             "source": self.source.value,
@@ -142,7 +142,8 @@ class MemoryVersion:
 class NewMemory:
     """A save request. `guild_id` is where it happens (None = a DM); personal memories need `owner_id`.
 
-    `by_can_manage` is the adapter's answer to "does the actor have Manage Server here".
+    `by_can_manage` is the adapter's answer to "does the actor have Manage Server here". `conversation` is the
+    reply a model's save belongs to: what the save shows the model or forgets follows its hiding rules.
     """
 
     list: MemoryList
@@ -157,6 +158,7 @@ class NewMemory:
     by_can_manage: bool = False
     source_messages: tuple[tuple[int, int, int], ...] = ()
     """Day-end notes: the (channel, message, author) the text came from; deleting one of them deletes the note."""
+    conversation: Conversation | None = None
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,8 @@ class Conversation:
     `channel_id` is the channel the memory channel-limits refer to (a thread passes its parent).
     `participant_ids` are the other non-bot authors of the context window (a user who is only
     mentioned is not one); the author is always a participant.
-    `context_texts` are the texts of the context window, used by tag matching.
+    `context_texts` are the texts of the context window, used by tag matching. `private_thread`: what is said
+    there never leaves it, so the model saves no server memory there.
     """
 
     guild_id: int | None
@@ -181,6 +184,7 @@ class Conversation:
     text: str
     participant_ids: tuple[int, ...] = ()
     context_texts: tuple[str, ...] = ()
+    private_thread: bool = False
 
     @property
     def participants(self) -> tuple[int, ...]:

@@ -18,9 +18,10 @@ import numpy as np
 
 from bot.db import Connection
 from bot.lexical import LexicalQuery, any_word_query_cte
+from bot.memory.hiding_sql import SEARCHABLE_LISTS, VISIBILITY_CTES, not_hidden
 from bot.memory.store import MEMORY_COLUMNS
 
-# Locking and performance notes (measured by `make bench`, see BENCHMARKS.md):
+# Locking and performance notes (measured by `make bench`, see docs/benchmarks.md):
 # - Resets and agings are one UPDATE over `locked`, which takes the row locks in id order first.
 #   Two replies in one server (or sharing a participant) change overlapping rows; with the locks
 #   taken in whatever order each plan visits rows they deadlocked: 32 of 300 concurrent
@@ -52,27 +53,8 @@ from bot.memory.store import MEMORY_COLUMNS
 ROW_COLUMNS = ", ".join(f"m.{column.strip()}" for column in MEMORY_COLUMNS.split(",")[1:])  # all but id
 
 
-# Who and what a reply may see (docs/memory-rules.md, "What hides a memory"), shared by the search and
-# its read-only text fallback so the two can never disagree. Parameters: $1 guild, $2 persona,
-# $3 channel (a thread's parent), $4 participants, $5 the context window's words (tags).
-# `VISIBILITY_CTES` are the `guild` and `people` CTEs; `SEARCHABLE_LISTS` filters `memories m` to this
-# persona's server list and the lists of the participants whose personal memories may be used;
-# `NOT_HIDDEN` filters `c` (any row with `channel_ids` and `tags`) against the channel limits and tags.
-VISIBILITY_CTES = """guild AS (
-    SELECT coalesce(gs.tagging, false) AS tagging, coalesce(gs.personal_memories, true) AS personal_on
-    FROM (VALUES (1)) AS one (x) LEFT JOIN guild_settings gs ON gs.guild_id = $1
-),
-people AS (
-    SELECT p.user_id FROM unnest($4::bigint[]) AS p (user_id), guild
-    WHERE ($1::bigint IS NULL OR guild.personal_on)
-      AND NOT EXISTS (SELECT 1 FROM user_settings us WHERE us.user_id = p.user_id AND us.privacy = 'full')
-      AND NOT EXISTS (SELECT 1 FROM guild_blocklist b WHERE b.guild_id = $1 AND b.user_id = p.user_id)
-)"""
-SEARCHABLE_LISTS = """(m.list = 'server' AND m.guild_id = $1 AND m.persona_id = $2)
-       OR (m.list = 'personal' AND m.owner_id = ANY (ARRAY(SELECT user_id FROM people))
-           AND (m.persona_id IS NULL OR m.persona_id = $2))"""
-NOT_HIDDEN = """(cardinality(c.channel_ids) = 0 OR $3::bigint = ANY (c.channel_ids))
-      AND (NOT guild.tagging OR cardinality(c.tags) = 0 OR c.tags && $5::text[])"""
+# Who and what a reply may see: bot/memory/hiding_sql.py, shared with what a save shows the model.
+NOT_HIDDEN = not_hidden("c")
 
 
 REPLY_SEARCH_SQL = f"""
@@ -152,7 +134,7 @@ changed AS (
     WHERE m.id = l.id AND (u.id IS NOT NULL OR m.last_aged_on < $11)
     -- the new row version, for the desk cache: what changed and the new stamp, with the stamp of
     -- the version updated (locked above). Plain RETURNING (new values), not PostgreSQL 18's
-    -- old./new.: any PostgreSQL 13+ must work (README)
+    -- old./new.: any PostgreSQL 13+ must work (docs/operations.md)
     RETURNING m.id, l.stamp AS old_stamp, m.xmin::text::bigint AS next_stamp,
               m.days_unused, m.last_used_at, m.last_aged_on, m.desk_changed_on
 ),

@@ -16,7 +16,9 @@ import asyncpg
 import numpy as np
 
 from bot.db import Connection
-from bot.memory.models import Memory, MemoryList, Source
+from bot.memory.hiding_sql import SEARCHABLE_LISTS, VISIBILITY_CTES, not_hidden
+from bot.memory.models import Conversation, Memory, MemoryList, Source
+from bot.memory.visibility import context_words
 
 MEMORY_COLUMNS = (
     "id, list, guild_id, owner_id, persona_id, text, tags, channel_ids, source, protected,"
@@ -130,34 +132,44 @@ async def personas_with_personal_memories(conn: Connection, owner_id: int) -> li
     return [row["persona_id"] for row in rows]
 
 
-FORGET_ORDER = "ORDER BY last_used_at ASC NULLS FIRST, created_at, id"
+FORGET_ORDER = "ORDER BY m.last_used_at ASC NULLS FIRST, m.created_at, m.id"
+
+# What a save in a conversation may show the model or change: the hiding rules of the reply's search
+# (bot/memory/hiding_sql.py), whose parameters $1-$5 every statement below keeps; $6 says whether they apply
+# (a command sees its whole list). Wrap a statement on `memories m` that joins `guild`.
+SEEN_IN_CONVERSATION = f"(NOT $6::boolean OR (({SEARCHABLE_LISTS}) AND {not_hidden('m')}))"
 
 
-async def forgettable_server_memory(
-    conn: Connection, guild_id: int, persona_id: int, dormant_after: int, exclude: Sequence[int]
+def seen_in(conversation: Conversation | None, guild_id: int | None, persona_id: int) -> list[Any]:
+    """$1-$6 of `SEEN_IN_CONVERSATION`: where a save happens, and whether its hiding rules apply."""
+    if conversation is None:
+        return [guild_id, persona_id, 0, [], [], False]
+    words = context_words((*conversation.context_texts, conversation.text))
+    return [guild_id, persona_id, conversation.channel_id, list(conversation.participants), words, True]
+
+
+async def forgettable_memory(
+    conn: Connection,
+    memory_list: MemoryList,
+    owner: int,
+    dormant_after: int,
+    exclude: Sequence[int],
+    where: list[Any],
 ) -> Memory | None:
-    """The memory forgotten first in a full server list: dormant, unprotected, never or least recently matched."""
-    row = await conn.fetchrow(
-        f"SELECT {MEMORY_COLUMNS} FROM memories WHERE list = 'server' AND guild_id = $1 AND persona_id = $2"
-        f" AND NOT protected AND days_unused >= $3 AND NOT (id = ANY ($4::bigint[])) {FORGET_ORDER} LIMIT 1 FOR UPDATE",
-        guild_id,
-        persona_id,
-        dormant_after,
-        list(exclude),
+    """The memory forgotten first in a full list (a server's, `owner` = the guild, or a personal list under the
+    persona of `where`, tied to it or Global): dormant, unprotected, never or least recently matched, and, for a save
+    made in a conversation (`where` from `seen_in`), one that conversation can see."""
+    scope = "m.list = 'server' AND m.guild_id = $7" if memory_list == MemoryList.SERVER else (
+        "m.list = 'personal' AND m.owner_id = $7 AND (m.persona_id = $2 OR m.persona_id IS NULL)"
     )
-    return Memory.from_row(row) if row else None
-
-
-async def forgettable_personal_memory(
-    conn: Connection, owner_id: int, persona_id: int, dormant_after: int, exclude: Sequence[int]
-) -> Memory | None:
-    """Same as for servers, within one personal list (tied to the persona, or Global)."""
+    if memory_list == MemoryList.SERVER:
+        scope += " AND m.persona_id = $2"
     row = await conn.fetchrow(
-        f"SELECT {MEMORY_COLUMNS} FROM memories WHERE list = 'personal' AND owner_id = $1"
-        " AND (persona_id = $2 OR persona_id IS NULL)"
-        f" AND NOT protected AND days_unused >= $3 AND NOT (id = ANY ($4::bigint[])) {FORGET_ORDER} LIMIT 1 FOR UPDATE",
-        owner_id,
-        persona_id,
+        f"WITH {VISIBILITY_CTES} SELECT {_m_columns()} FROM memories m, guild WHERE {scope}"
+        f" AND NOT m.protected AND m.days_unused >= $8 AND NOT (m.id = ANY ($9::bigint[])) AND {SEEN_IN_CONVERSATION}"
+        f" {FORGET_ORDER} LIMIT 1 FOR UPDATE OF m",
+        *where,
+        owner,
         dormant_after,
         list(exclude),
     )
@@ -501,33 +513,33 @@ async def closest_in_list(
     conn: Connection,
     *,
     memory_list: MemoryList,
-    guild_id: int | None,
     owner_id: int | None,
-    persona_id: int,
     normalized: str,
     space: int | None,
     vector: np.ndarray | None,
+    where: list[Any],
     limit: int = 3,
 ) -> list[tuple[Memory, bool, float | None]]:
     """The memories of one list closest to a new text: (memory, same text after normalisation, cosine or None).
 
     The list is the one a save lands in: a server's persona list, or a user's personal memories here (tied to
-    this persona, and Global). The same text comes first, then the highest cosine in `space`.
+    this persona, and Global). The same text comes first, then the highest cosine in `space`. `where` (from
+    `seen_in`) keeps, for a save made in a conversation, only what that conversation may see: the model is shown
+    these, and may change them.
     """
     if memory_list == MemoryList.SERVER:
         scope = "m.list = 'server' AND m.guild_id = $1 AND m.persona_id = $2"
-        first = guild_id
     else:
-        scope = "m.list = 'personal' AND m.owner_id = $1 AND (m.persona_id IS NULL OR m.persona_id = $2)"
-        first = owner_id
+        scope = "m.list = 'personal' AND m.owner_id = (SELECT id FROM owner) AND (m.persona_id IS NULL OR m.persona_id = $2)"
     rows = await conn.fetch(
-        f"SELECT {_m_columns()}, {NORMALIZED_TEXT_SQL} = $3 AS same_text,"
-        "  CASE WHEN $5::vector IS NULL OR v.embedding IS NULL OR vector_dims(v.embedding) <> vector_dims($5::vector)"
-        "       THEN NULL ELSE 1 - (v.embedding <=> $5::vector) END AS similarity"
-        " FROM memories m LEFT JOIN memory_vectors v ON v.memory_id = m.id AND v.space_id = $4"
-        f" WHERE {scope} ORDER BY same_text DESC, similarity DESC NULLS LAST, m.id LIMIT $6",
-        first,
-        persona_id,
+        f"WITH {VISIBILITY_CTES}, owner AS (SELECT $7::bigint AS id)"
+        f" SELECT {_m_columns()}, {NORMALIZED_TEXT_SQL} = $8 AS same_text,"
+        "  CASE WHEN $10::vector IS NULL OR v.embedding IS NULL OR vector_dims(v.embedding) <> vector_dims($10::vector)"
+        "       THEN NULL ELSE 1 - (v.embedding <=> $10::vector) END AS similarity"
+        " FROM memories m LEFT JOIN memory_vectors v ON v.memory_id = m.id AND v.space_id = $9 CROSS JOIN guild"
+        f" WHERE {scope} AND {SEEN_IN_CONVERSATION} ORDER BY same_text DESC, similarity DESC NULLS LAST, m.id LIMIT $11",
+        *where,
+        owner_id,
         normalized,
         space,
         vector,

@@ -1,6 +1,6 @@
 """Reading an export file back: every check an import makes before anything is written.
 
-The file format is described in the README ("Export format"). A file is refused whole, with the
+The file format is described in docs/export-format.md. A file is refused whole, with the
 first problem named ("memory 3: ..."), so an import is all or nothing.
 """
 

@@ -9,10 +9,10 @@ validates what people type, so both the bot and commands use one definition of "
 from __future__ import annotations
 
 import re
-import unicodedata
 from collections.abc import Iterable
 
 from bot.errors import InvalidInput
+from bot.texts import clean_text as clean_setting_text
 
 TAG_PATTERN = re.compile(r"^[\w-]{1,32}$")
 WORD_PATTERN = re.compile(r"[\w-]+")
@@ -48,22 +48,6 @@ def normalize_tags(tags: Iterable[str]) -> tuple[str, ...]:
     return tuple(seen)
 
 
-INVISIBLE_CATEGORIES = frozenset({"Cf", "Zs", "Zl", "Zp"})  # format marks (zero-width, RTL/LTR marks) and spaces
-
-
 def clean_text(text: str, max_chars: int) -> str:
-    """The stored form of a memory text, or ValueError saying why it cannot be stored.
-
-    Trimmed; control characters other than newline and tab are removed (they cannot be seen
-    and would only smuggle formatting into prompts), and so are lone surrogates (an import file can
-    spell them as \\ud800; they are not text and PostgreSQL refuses them). A text made only of
-    spaces and invisible marks (zero-width spaces, right-to-left marks) is empty: nobody could read
-    or find it. Such marks inside real text stay: right-to-left scripts need them.
-    """
-    kept = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
-    kept = kept.strip()
-    if not kept or all(ch.isspace() or unicodedata.category(ch) in INVISIBLE_CATEGORIES for ch in kept):
-        raise InvalidInput("the memory text is empty")
-    if len(kept) > max_chars:
-        raise InvalidInput(f"the memory text has {len(kept)} characters; the limit is {max_chars}")
-    return kept
+    """The stored form of a memory text, or InvalidInput saying why it cannot be stored (bot/texts.py)."""
+    return clean_setting_text(text, max_chars, "the memory text")

@@ -21,6 +21,7 @@ from bot.errors import InvalidInput
 from bot.memory import store, versions_store
 from bot.memory.decay import Decay
 from bot.memory.desk_cache import DeskCache
+from bot.memory.model_rules import model_save_refusal, model_text_refusal
 from bot.memory.models import MODEL_SOURCES, Memory, MemoryList, NewMemory, Rejection, SaveResult, Source, VersionVia
 from bot.memory.visibility import clean_text, normalize_tags
 from bot.servers.models import Privacy
@@ -70,6 +71,8 @@ class MemoryWrites:
 
     async def _save_refusal(self, conn: Connection, request: NewMemory) -> SaveResult | None:
         """Who may save what, or None when the save may go ahead."""
+        if request.via in MODEL_SOURCES and (refusal := await model_save_refusal(self.servers, conn, request)):
+            return refusal
         guild = await self.servers.guild_settings(request.guild_id, conn) if request.guild_id is not None else None
         if request.list == MemoryList.SERVER:
             if guild is None:
@@ -145,12 +148,11 @@ class MemoryWrites:
             closest = await store.closest_in_list(
                 conn,
                 memory_list=request.list,
-                guild_id=request.guild_id,
                 owner_id=request.owner_id,
-                persona_id=persona,
                 normalized=store.normalized_text(text),
                 space=space,
                 vector=vector,  # type: ignore[arg-type]
+                where=store.seen_in(request.conversation, request.guild_id, persona),
             )
             repeated = next((m for m, same, cos in closest if self._repeats(m, request, tags, same, cos)), None)
             if repeated is not None:
@@ -168,20 +170,16 @@ class MemoryWrites:
                         Rejection.SEARCH_UNAVAILABLE, "the list is full and the embedding model is unavailable right now"
                     )
                 for list_persona in lists_to_free:
-                    exclude = [m.id for m in forgotten]
-                    if request.list == MemoryList.SERVER:
-                        assert request.guild_id is not None
-                        candidate = await store.forgettable_server_memory(
-                            conn, request.guild_id, list_persona, dormant_after, exclude
-                        )
-                    else:
-                        assert request.owner_id is not None
-                        candidate = await store.forgettable_personal_memory(
-                            conn, request.owner_id, list_persona, dormant_after, exclude
-                        )
+                    owner = request.guild_id if request.list == MemoryList.SERVER else request.owner_id
+                    assert owner is not None
+                    candidate = await store.forgettable_memory(
+                        conn, request.list, owner, dormant_after, [m.id for m in forgotten],
+                        store.seen_in(request.conversation, request.guild_id, list_persona),
+                    )
                     if candidate is None:
+                        seen = " this conversation can see" if request.conversation is not None else ""
                         return _rejected(
-                            Rejection.LIST_FULL, "the list is full and every memory in it is in use or protected"
+                            Rejection.LIST_FULL, f"the list is full and every memory in it{seen} is in use or protected"
                         )
                     forgotten.append(candidate)
                 await store.delete_memories(conn, [m.id for m in forgotten])
@@ -215,7 +213,7 @@ class MemoryWrites:
     ) -> bool:
         """A save repeats a memory of its list with the same reach (Global or not, channels, tags) when the text is
         the same after normalisation (no embedding needed), or the cosine reaches DUPLICATE_SIMILARITY (calibrated
-        on the built-in model: README)."""
+        on the built-in model: docs/models.md, "Duplicates")."""
         same_reach = (
             memory.is_global == request.is_global
             and tuple(memory.channel_ids) == tuple(request.channel_ids)
@@ -289,6 +287,8 @@ class MemoryWrites:
             if memory is None:
                 return _rejected(Rejection.NOT_ALLOWED, f"there is no memory #{memory_id}")
             refusal = await self.change_refusal(conn, memory, by, via, by_can_manage, deleting=False)
+            if refusal is None and via in MODEL_SOURCES:
+                refusal = await model_text_refusal(self.servers, conn, cleaned)
         if refusal is not None:
             return refusal
         vector, _ = await self.embeddings.embed_one(cleaned)

@@ -14,7 +14,7 @@ from typing import Any
 import asyncpg
 
 from bot.db import Connection
-from bot.servers.models import GuildSettings, Privacy
+from bot.servers.models import GuildSettings, LoreEntry, PersonaSettings, Privacy, PromptSettings, ReplyTriggers
 
 
 async def persona_for_guild(conn: Connection, guild_id: int | None, default_name: str = "Deskmate") -> int:
@@ -64,6 +64,24 @@ async def blocked_or_private(
         guild_id, list(user_ids), list(levels),
     )
     return {row["user_id"] for row in rows}
+
+
+async def private_people_named(conn: Connection, text: str, user_ids: Sequence[int], min_name: int) -> list[tuple[int, str]]:
+    """People with privacy `partial` or `full` that `text` may name: (id, the name the bot last saw them use).
+
+    Those among `user_ids` (mentioned or written as ids), and those whose stored name (at least `min_name`
+    characters) appears in the text, in any case; the caller checks that a name stands as a whole word. The names
+    are the chat log's (`chat_users`), read here so the privacy check needs no second round trip.
+    """
+    rows = await conn.fetch(
+        "SELECT us.user_id, coalesce(cu.name, '') AS name FROM user_settings us"
+        " LEFT JOIN chat_users cu ON cu.user_id = us.user_id"
+        " WHERE us.privacy IN ('partial', 'full')"
+        "   AND (us.user_id = ANY ($2::bigint[])"
+        "        OR (length(cu.name) >= $3 AND strpos(lower($1), lower(cu.name)) > 0))",
+        text, list(user_ids), min_name,
+    )
+    return [(row["user_id"], row["name"]) for row in rows]
 
 
 async def lock_people(conn: Connection, user_ids: Sequence[int], *, shared: bool) -> None:
@@ -117,12 +135,12 @@ async def update_guild_settings(conn: Connection, guild_id: int, changes: dict[s
 
 async def reply_trigger_facts(
     conn: Connection, guild_id: int | None, author_id: int, channel_ids: Sequence[int]
-) -> asyncpg.Record:
+) -> ReplyTriggers:
     """In one round trip: the persona's name, whether a channel replies to everything, whether the author is blocked.
 
     A server whose persona does not exist yet answers to the default persona's name (it will be created from it).
     """
-    return await conn.fetchrow(
+    row = await conn.fetchrow(
         "SELECT coalesce((SELECT name FROM personas WHERE guild_id = $1),"
         "                (SELECT name FROM personas WHERE guild_id IS NULL)) AS persona_name,"
         " coalesce((SELECT auto_reply_channel_ids && $3::bigint[] FROM guild_settings WHERE guild_id = $1), false)"
@@ -132,16 +150,17 @@ async def reply_trigger_facts(
         author_id,
         list(channel_ids),
     )
+    return ReplyTriggers(row["persona_name"] or "", bool(row["auto_reply"]), bool(row["blocked"]))
 
 
-def _persona_from_row(row: asyncpg.Record) -> dict[str, Any]:
+def _persona_from_row(row: asyncpg.Record) -> PersonaSettings:
     attributes = row["attributes"]
     if isinstance(attributes, str):  # jsonb arrives as text unless a codec is registered
         attributes = json.loads(attributes)
-    return {"id": row["id"], "guild_id": row["guild_id"], "name": row["name"], "prompt": row["prompt"], "attributes": attributes}
+    return PersonaSettings(row["id"], row["guild_id"], row["name"], row["prompt"] or "", dict(attributes or {}))
 
 
-async def get_persona(conn: Connection, persona_id: int) -> dict[str, Any] | None:
+async def get_persona(conn: Connection, persona_id: int) -> PersonaSettings | None:
     row = await conn.fetchrow("SELECT id, guild_id, name, prompt, attributes FROM personas WHERE id = $1", persona_id)
     return _persona_from_row(row) if row else None
 
@@ -153,7 +172,7 @@ async def update_persona(
     name: str | None = None,
     prompt: str | None = None,
     attributes: dict[str, str] | None = None,
-) -> dict[str, Any] | None:
+) -> PersonaSettings | None:
     """Change the given fields of a persona (None leaves a field as it is)."""
     row = await conn.fetchrow(
         "UPDATE personas SET name = coalesce($2, name), prompt = coalesce($3, prompt),"
@@ -176,19 +195,24 @@ async def sync_default_persona(conn: Connection, name: str, prompt: str) -> None
     )
 
 
-async def add_lore(conn: Connection, persona_id: int, text: str, created_by: int | None) -> asyncpg.Record:
-    return await conn.fetchrow(
-        "INSERT INTO lore_entries (persona_id, text, created_by) VALUES ($1, $2, $3) RETURNING id, persona_id, text, created_at",
+async def add_lore(conn: Connection, persona_id: int, text: str, created_by: int | None, max_entries: int) -> LoreEntry | None:
+    """Add an entry unless the persona has `max_entries` already (None); one statement, so two adds at once cannot
+    both pass the count."""
+    row = await conn.fetchrow(
+        "INSERT INTO lore_entries (persona_id, text, created_by)"
+        " SELECT $1, $2, $3 WHERE (SELECT count(*) FROM lore_entries WHERE persona_id = $1) < $4"
+        " RETURNING id, text, created_at",
         persona_id,
         text,
         created_by,
+        max_entries,
     )
+    return LoreEntry(row["id"], row["text"], row["created_at"]) if row else None
 
 
-async def list_lore(conn: Connection, persona_id: int) -> list[asyncpg.Record]:
-    return await conn.fetch(
-        "SELECT id, persona_id, text, created_at FROM lore_entries WHERE persona_id = $1 ORDER BY id", persona_id
-    )
+async def list_lore(conn: Connection, persona_id: int) -> list[LoreEntry]:
+    rows = await conn.fetch("SELECT id, text, created_at FROM lore_entries WHERE persona_id = $1 ORDER BY id", persona_id)
+    return [LoreEntry(row["id"], row["text"], row["created_at"]) for row in rows]
 
 
 async def delete_lore(conn: Connection, persona_id: int, lore_id: int) -> bool:
@@ -220,7 +244,7 @@ async def forget_user_settings(conn: Connection, user_id: int) -> dict[str, int]
 
 
 PROMPT_SETTINGS_SQL = """
-SELECT p.name, p.prompt, p.attributes::text AS attributes,
+SELECT p.guild_id, p.name, p.prompt, p.attributes::text AS attributes,
        ARRAY(SELECT text FROM lore_entries WHERE persona_id = $1 ORDER BY id) AS lore,
        g.guild_id IS NOT NULL AS has_settings, g.notices, g.notice_verbosity, g.log_channel_id, g.self_teaching,
        g.member_teaching, g.personal_memories, g.tagging, g.auto_reply_channel_ids
@@ -229,28 +253,18 @@ WHERE p.id = $1
 """
 
 
-async def prompt_settings(conn: Connection, persona_id: int, guild_id: int | None) -> dict[str, Any]:
+async def prompt_settings(conn: Connection, persona_id: int, guild_id: int | None) -> PromptSettings:
     """What a reply's prompt needs from the server's settings, in one statement (read fresh per reply, so an
-    admin's change made through another bot process shows on the next reply).
-
-    `persona` (as `get_persona`), `lore` (texts, as `list_lore`), `guild` (`GuildSettings`, None in DMs).
-    """
+    admin's change made through another bot process shows on the next reply)."""
     row = await conn.fetchrow(PROMPT_SETTINGS_SQL, persona_id, guild_id)
     if row is None:
         raise LookupError(f"persona {persona_id} does not exist")
     guild = None
     if guild_id is not None:
         guild = GuildSettings.from_row(guild_id, row if row["has_settings"] else None)
-    return {
-        "persona": {
-            "id": persona_id,
-            "name": row["name"],
-            "prompt": row["prompt"],
-            "attributes": json.loads(row["attributes"]) if row["attributes"] else {},
-        },
-        "lore": list(row["lore"]),
-        "guild": guild,
-    }
+    attributes = json.loads(row["attributes"]) if row["attributes"] else {}
+    persona = PersonaSettings(persona_id, row["guild_id"], row["name"], row["prompt"] or "", attributes)
+    return PromptSettings(persona, tuple(row["lore"]), guild)
 
 
 async def not_to_be_noted(conn: Connection, guild_id: int | None) -> list[int]:

@@ -13,10 +13,12 @@ from datetime import date, timedelta
 from bot.db import Connection
 from bot.errors import InvalidInput, NotAllowed, NotFound
 from bot.prompt import HeadSummary, quoted
+from bot.servers.models import Actor
+from bot.servers.rules import require_manager
 from bot.summaries import store
 from bot.summaries.models import Kind, Off, OverviewEntry, Status, Summary
 from bot.summaries.work import SummaryWork
-from bot.summaries.writer import MAX_KEY_DETAILS, MAX_SUMMARY_CHARS
+from bot.summaries.writer import MAX_DETAIL_CHARS, MAX_KEY_DETAILS, MAX_SUMMARY_CHARS, detail_text
 from bot.tokens import count_tokens
 
 
@@ -83,8 +85,14 @@ class ChannelSummaries(SummaryWork):
             raise NotFound(f"there is no summary #{summary_id} in this channel")
         return found
 
-    async def edit(self, channel_id: int, summary_id: int, text: str, key_details: Sequence[str], by: int) -> Summary:
+    @staticmethod
+    def may_change(actor: Actor, what: str) -> None:
+        """Editing, deleting, regenerating and backfilling summaries need Manage Server (asked before a form opens)."""
+        require_manager(actor, f"only members with Manage Server can {what} summaries")
+
+    async def edit(self, channel_id: int, summary_id: int, text: str, key_details: Sequence[str], actor: Actor) -> Summary:
         """An admin's own text: kept as it is, never overwritten by a regeneration."""
+        self.may_change(actor, "edit")
         await self.get(channel_id, summary_id)
         text = text.strip()
         details = [" ".join(line.split()) for line in key_details if line.strip()]
@@ -92,21 +100,25 @@ class ChannelSummaries(SummaryWork):
             raise InvalidInput("a summary cannot be empty: delete it instead")
         if len(text) > MAX_SUMMARY_CHARS or len(details) > MAX_KEY_DETAILS * 2:
             raise InvalidInput(f"a summary holds at most {MAX_SUMMARY_CHARS} characters and {MAX_KEY_DETAILS * 2} key details")
+        if any(len(detail) > MAX_DETAIL_CHARS for detail in details):
+            raise InvalidInput(f"a key detail holds at most {MAX_DETAIL_CHARS} characters; split a longer one")
         async with self.pool.acquire() as conn:
-            edited = await store.edit_summary(conn, summary_id, text, details, by, self.clock.now())
+            edited = await store.edit_summary(conn, summary_id, text, details, actor.user_id, self.clock.now())
         if edited is None:
             raise NotFound(f"there is no summary #{summary_id} in this channel")
         return edited
 
-    async def delete(self, channel_id: int, summary_id: int) -> Summary:
+    async def delete(self, channel_id: int, summary_id: int, actor: Actor) -> Summary:
         """Out of the prompt, and not summarised again by itself (`regenerate` writes it anew)."""
+        self.may_change(actor, "delete")
         found = await self.get(channel_id, summary_id)
         async with self.pool.acquire() as conn:
             await store.mark_deleted(conn, summary_id, self.clock.now())
         return found
 
-    async def regenerate(self, channel_id: int, guild_id: int | None, summary_id: int) -> Summary:
+    async def regenerate(self, channel_id: int, guild_id: int | None, summary_id: int, actor: Actor) -> Summary:
         """Write one summary again from its messages (a week: from its days). An edited one is kept, and the refusal says so."""
+        self.may_change(actor, "regenerate")
         found = await self.get(channel_id, summary_id)
         if found.edited:
             raise NotAllowed(
@@ -168,7 +180,7 @@ class ChannelSummaries(SummaryWork):
 def head_summary(summary: Summary) -> HeadSummary:
     start = summary.period_start
     when = f"{start.isoformat()} – {(start + timedelta(days=6)).isoformat()}" if summary.kind == Kind.WEEK else summary.period
-    shown: dict[str, object] = {summary.kind.value: when, "summary": summary.summary}
-    if summary.key_details:
-        shown["key_details"] = list(summary.key_details)
+    shown: dict[str, object] = {summary.kind.value: when, "summary": summary.summary[:MAX_SUMMARY_CHARS]}
+    if summary.key_details:  # capped again here: a row stored before the cap existed must not flood the head
+        shown["key_details"] = [detail_text(detail) for detail in summary.key_details[:MAX_KEY_DETAILS * 2]]
     return HeadSummary(key=f"summary:{summary.id}", period=summary.period, line=quoted(shown))

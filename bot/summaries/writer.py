@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 MAX_KEY_DETAILS = 12
 MAX_SUMMARY_CHARS = 4_000
-MAX_DETAIL_CHARS = 500
+MAX_DETAIL_CHARS = 500  # one key detail: a fact, not a second summary (a model's 5 MB answer must not reach the head)
 
 _SHAPE = (
     'Answer with JSON only, exactly this shape: {"summary": "...", "key_details": ["...", "..."]}. '
@@ -43,10 +43,12 @@ DAY_INSTRUCTIONS = (
     "speakers are listed first. Answer with JSON only, exactly this shape: "
     '{"summary": "...", "facts": [{"by": "P1", "about": "self", "fact": "..."}]}. '
     "summary: what was talked about, in a few sentences, naming who said what. "
-    f"facts: at most {MAX_FACTS} things the day taught that are worth knowing weeks from now. "
+    "facts: every fact someone told about themselves (where they live or moved, job, studies, family, pets, health, "
+    "birthday, hobbies, plans) and every plan, rule or decision of the group, one entry each, at most "
+    f"{MAX_FACTS}. "
     '"by" is the tag of the person who said it. '
-    '"about" is "self" for a fact a person told about themselves (job, home, family, pets, health, hobbies, plans), '
-    '"server" for a fact about the group or the server (events, rules, decisions). '
+    '"about" is "self" for a fact a person told about themselves, "server" for a fact about the group or the '
+    "server. "
     '"fact" is one short sentence in the third person with the person\'s name, e.g. "Juno\'s cat is called Mochi". '
     'When a fact changes a remembered fact listed before the chat, add "replaces" with its ref, e.g. "M2". '
     "Only what people said about themselves or the group: never a claim about another person, never what BOT says. "
@@ -149,9 +151,15 @@ def read_answer(text: str) -> Written | None:
         details = [details]
     if not isinstance(details, list):
         details = []
-    kept = [" ".join(str(item).split()) for item in details if isinstance(item, str | int | float) and str(item).strip()]
-    kept = [item[:MAX_DETAIL_CHARS] for item in kept]
+    kept = [detail_text(item) for item in details[: MAX_KEY_DETAILS * 4] if isinstance(item, str | int | float)]
+    kept = [detail for detail in kept if detail]
     return Written(data["summary"].strip()[:MAX_SUMMARY_CHARS], tuple(kept[:MAX_KEY_DETAILS]), True, _facts(data))
+
+
+def detail_text(item: object) -> str:
+    """A key detail as stored: spaces collapsed, at most MAX_DETAIL_CHARS characters (cut with an ellipsis)."""
+    text = " ".join(str(item)[: MAX_DETAIL_CHARS * 4].split())
+    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 1].rstrip() + "…"
 
 
 def split_parts(lines: Sequence[str], part_tokens: int) -> list[list[str]]:

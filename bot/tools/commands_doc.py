@@ -1,6 +1,6 @@
 """The slash-command tree as data and as Markdown: `python -m bot commands [--markdown]`.
 
-Built from the real cogs, loaded into a bot that never connects, so the README's command
+Built from the real cogs, loaded into a bot that never connects, so the command
 reference (docs/commands.md) is generated from the code and a test keeps the two in step.
 """
 

@@ -1,6 +1,6 @@
 """`python -m bot simulate FILE.jsonl`: replay a scenario through the real memory core.
 
-The format is specified in shared/scenarios/FORMAT.md (and summarised in the README). Every run
+The format is specified in docs/scenarios.md. Every run
 gets an empty database of its own on the configured server and drops it afterwards. The whole
 file is checked before anything runs, so a typo on line 40 costs nothing.
 """
@@ -23,7 +23,7 @@ from bot.db import (
 from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder, EmbeddingError, EmbeddingSpace, NoEmbedder
 from bot.memory.models import Conversation, Memory, MemoryList, NewMemory, Source
 from bot.memory.service import MemoryCore
-from bot.servers.models import Privacy
+from bot.servers.models import Actor, Privacy
 from bot.services import open_services
 
 
@@ -292,7 +292,8 @@ async def run_steps(
         elif op == "server":
             changes = {key: step[key] for key in ("tagging", "personal_memories") if key in step}
             if changes:
-                await core.servers.update_guild_settings(names("guild", step["guild"]), **changes)
+                admin = Actor(names("user", "admin"), can_manage=True)  # the scenario's author runs its servers
+                await core.servers.update_guild_settings(names("guild", step["guild"]), admin, **changes)
         memories = await core.all_memories()
         existing = {memory.id for memory in memories}
         for memory_id in [i for i in id_of.values() if i not in existing]:

@@ -158,7 +158,7 @@ async def run_smoke(
         services = await stack.enter_async_context(
             open_services(settings, database=database, embedder=embedder, clock=clock, bot_user_id=BOT_USER_ID)
         )
-        persona = (await services.servers.persona(GUILD_ID))["name"]
+        persona = (await services.servers.persona(GUILD_ID)).name
         calls: list[str] = []
         _record_calls(services, calls)
         where = settings.chat_base_url or "api.openai.com"
