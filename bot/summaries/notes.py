@@ -5,10 +5,11 @@ answers, with its summary, the facts the day taught, each with the tag of the pe
 about that person ("self") or the server, and which remembered fact it corrects. The code, not the model, then
 decides what becomes a memory (docs/memory-rules.md, "Versions and day-end notes"):
 
-- a tag maps back to a user id; a fact tagged with the bot, an unknown tag or a name is dropped;
-- a fact naming another speaker of the day is a claim about someone else: never a memory, never a key detail;
-- a fact must be supported by its speaker's own lines (its closest line, by the embedding model, is theirs):
-  so a birthday Bau gave is never noted as Juno's, and the bot's lines are never a source;
+- whose fact it is is decided by id: the author of the day's line that supports it best (by the embedding model,
+  the fact's names left out), never by a name; the tag the model wrote only breaks a near tie. So a birthday Bau
+  gave is never noted as Juno's, and the bot's lines are never a source;
+- a fact naming another speaker of the day is something said about someone else: never a memory, never a key
+  detail;
 - nothing from people with privacy `partial` or `full`, or blocked in the server; nothing from private threads
   (they are not in the transcript); no notes at all where self-teaching is off or MEMORY_NOTES=tools;
 - each note goes through the memory service like any save (duplicates, list limits, forgetting, privacy), as
@@ -24,9 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 
@@ -38,97 +37,23 @@ from bot.config import Settings
 from bot.db import Connection
 from bot.embeddings.providers import EmbeddingError
 from bot.memory.models import Memory, MemoryList, NewMemory, SaveResult, Source
-from bot.memory.relatedness import content_stems
 from bot.memory.service import MemoryCore
 from bot.memory.writes import SaveCheck
 from bot.servers.service import Servers
 from bot.summaries import store
+from bot.summaries.facts import BOT_TAG, Checked, DayText, FactCheck, Note, Speaker, clauses
 from bot.summaries.withdrawal import NOTES_LEAVE_OUT, Transcript, Withdrawals
-from bot.summaries.writer import MAX_KEY_DETAILS, RawFact, Written
+from bot.summaries.writer import Written
 
 log = logging.getLogger(__name__)
 
 NotesListener = Callable[[int, int | None, Notices], Awaitable[None]]
 """Told of each day's notice (channel, server, what to show): the adapter posts it where the notice settings say."""
 
-BOT_TAG = "BOT"
-TAG = re.compile(r"\b(P\d{1,3}|BOT)\b", re.IGNORECASE)
-REF = re.compile(r"\bM(\d{1,3})\b", re.IGNORECASE)
 MAX_REMEMBERED = 20  # remembered facts shown to the model, the closest to the day's lines first
 REMEMBERED_MIN = 0.25  # cosine a remembered fact needs with one of its people's lines (or clauses) to be shown
-GROUND_MIN = 0.45  # cosine a fact (its speaker's name left out) needs with one of its speaker's lines or clauses
-GROUND_MARGIN = 0.05  # ... and no one else's line may be closer by more than this
-MAX_SOURCES = 3
-WEEK_DETAIL_MIN = 0.6  # cosine a week's key detail needs with one of its days' checked facts
 MAX_KEPT_CHECKS = 100
 EMBED_BATCH = 32
-SELF_WORDS = frozenset({"self", "me", "myself", "speaker", "personal", "person", "themselves", "user"})
-SERVER_WORDS = frozenset({"server", "group", "community", "channel", "everyone", "guild", "all"})
-
-
-@dataclass(frozen=True)
-class Speaker:
-    tag: str
-    user_id: int
-    name: str
-    can_manage: bool  # had Manage Server in one of the day's lines: what a correction of a server memory needs
-    notable: bool  # privacy none and not blocked: notes may come from (and be about) them
-
-
-@dataclass
-class DayText:
-    """A day as the model reads it, and what maps its answer back to people, messages and memories."""
-
-    speakers: dict[str, Speaker]
-    rows: list[dict[str, Any]]  # the kept messages, oldest first (the chat log's rows)
-    lines: list[str]  # one transcript line per row
-    remembered: dict[str, Memory] = field(default_factory=dict)  # "M1" -> memory
-    unnamed: list[str] = field(default_factory=list)  # names of people nothing may be written about (privacy, blocks)
-
-    @property
-    def preamble(self) -> str:
-        """The speakers' legend and the remembered facts, said before the transcript."""
-        legend = "; ".join(f"{s.tag} = {s.name}" for s in self.speakers.values())
-        parts = [f"Speakers: {legend}; {BOT_TAG} = the bot"]
-        if self.remembered:
-            owners = {s.user_id: s.tag for s in self.speakers.values()}
-            parts.append("Remembered facts:")
-            parts += [
-                f"{ref} ({owners.get(m.owner_id or 0, 'server') if m.list == MemoryList.PERSONAL else 'server'}): {m.text}"
-                for ref, m in self.remembered.items()
-            ]
-        return "\n".join(parts)
-
-
-@dataclass(frozen=True)
-class Note:
-    speaker: Speaker
-    memory_list: MemoryList
-    text: str
-    replaces: Memory | None
-    sources: tuple[tuple[int, int, int], ...]  # (channel, message, author)
-    private: bool = False  # said in a private thread: a key detail of that thread's own summary at most, never a memory
-
-
-@dataclass
-class Checked:
-    """What the code kept of the model's facts: notes to save, the day's key details, and what was dropped, why."""
-
-    notes: list[Note] = field(default_factory=list)
-    key_details: list[str] = field(default_factory=list)
-    dropped: list[tuple[RawFact, str]] = field(default_factory=list)
-
-
-def _first_name(name: str) -> str:
-    words = re.findall(r"[^\W\d_]+", name)
-    return words[0] if words else name
-
-
-def names_in(text: str, name: str) -> bool:
-    """Whether `text` names someone called `name` (the whole name, or its first word of three letters or more)."""
-    folded = text.casefold()
-    candidates = {name.casefold(), _first_name(name).casefold()}
-    return any(len(c) >= 3 and re.search(rf"(?<!\w){re.escape(c)}(?!\w)", folded) for c in candidates)
 
 
 class DayNotes:
@@ -140,6 +65,7 @@ class DayNotes:
         self.chat_log = chat_log
         self.settings = settings
         self.withdrawals = Withdrawals(chat_log, servers)
+        self.facts = FactCheck(self._embed)
         self.listener: NotesListener | None = None
         self.last: dict[tuple[int, date], Checked] = {}  # the latest check of each channel-day (smoke, benchmarks)
 
@@ -265,127 +191,11 @@ class DayNotes:
     # --- the model's facts, checked ---
 
     async def check(self, written: Written, day: DayText) -> Checked:
-        """Keep the facts whose speaker, subject and support hold; the rest is dropped with a reason."""
-        checked = Checked()
-        facts = list(written.facts)
-        people_rows = [row for row in day.rows if not row["is_bot"]]
-        line_scores = await self._line_scores(facts, people_rows, day) if facts else None
-        seen: dict[str, int] = {}
-        for index, fact in enumerate(facts):
-            scores = line_scores[index] if line_scores is not None else None
-            note, why = self._judge(fact, day, people_rows, scores)
-            if note is None:
-                checked.dropped.append((fact, why))
-                continue
-            key = " ".join(note.text.casefold().split())
-            if key in seen:  # the same fact twice: keep the one that says what it corrects
-                if note.replaces is not None and checked.notes[seen[key]].replaces is None:
-                    checked.notes[seen[key]] = note
-                checked.dropped.append((fact, "repeated in the same answer"))
-                continue
-            seen[key] = len(checked.notes)
-            checked.notes.append(note)
-        checked.key_details = [note.text for note in checked.notes[:MAX_KEY_DETAILS]]
-        return checked
-
-    async def _line_scores(self, facts: list[RawFact], rows: list[dict[str, Any]], day: DayText) -> np.ndarray | None:
-        """How well each of the people's lines supports each fact (facts x lines): the best cosine between the fact,
-        its speaker's name left out ("Juno's cat is called Mochi" -> "cat is called Mochi", closer to "my cat is
-        called Mochi"), and the line or one of its clauses. None without an embedder."""
-        pieces = [(i, piece) for i, row in enumerate(rows) for piece in clauses(str(row["text"]))]
-        stripped = [_without_speaker(fact, day) for fact in facts]
-        vectors = await self._embed([piece for _, piece in pieces] + stripped)
-        if vectors is None:
-            return None
-        by_piece = vectors[len(pieces) :] @ vectors[: len(pieces)].T
-        scores = np.full((len(facts), len(rows)), -1.0)
-        for column, (row_index, _) in enumerate(pieces):
-            scores[:, row_index] = np.maximum(scores[:, row_index], by_piece[:, column])
-        return scores
-
-    def _judge(
-        self, fact: RawFact, day: DayText, rows: list[dict[str, Any]], scores: np.ndarray | None
-    ) -> tuple[Note | None, str]:
-        found = TAG.search(fact.by)
-        if found is None:
-            return None, "no speaker tag"
-        tag = found.group(1).upper()
-        if tag == BOT_TAG:
-            return None, "the bot's words are never a source"
-        speaker = day.speakers.get(tag)
-        if speaker is None:
-            return None, f"unknown speaker tag {tag}"
-        others = [s for s in day.speakers.values() if s.user_id != speaker.user_id]
-        if any(names_in(fact.text, s.name) and not names_in(speaker.name, s.name) for s in others):
-            return None, "a claim about another person"
-        if any(names_in(fact.text, name) and not names_in(speaker.name, name) for name in day.unnamed):
-            return None, "names someone who asked not to be noted (privacy or block)"
-        memory_list = self._list_of(fact, speaker)
-        if memory_list is None:
-            return None, "about someone else"
-        sources = self._support(fact, speaker, rows, scores)
-        if not sources:
-            return None, "not supported by the speaker's own lines"
-        named = memory_list == MemoryList.SERVER or names_in(fact.text, speaker.name)
-        text = fact.text if named else f"{speaker.name}: {fact.text}"
-        private = any(row.get("private_thread") for row in rows if (row["channel_id"], row["message_id"]) in
-                      {(channel, message) for channel, message, _ in sources})
-        return Note(speaker, memory_list, text, self._replaced(fact, speaker, memory_list, day), sources, private), ""
-
-    @staticmethod
-    def _list_of(fact: RawFact, speaker: Speaker) -> MemoryList | None:
-        about = fact.about.strip().casefold()
-        if about in SELF_WORDS or about == speaker.tag.casefold() or names_in(about, speaker.name):
-            return MemoryList.PERSONAL
-        if about in SERVER_WORDS:
-            return MemoryList.SERVER
-        return None
-
-    @staticmethod
-    def _support(
-        fact: RawFact, speaker: Speaker, rows: list[dict[str, Any]], scores: np.ndarray | None
-    ) -> tuple[tuple[int, int, int], ...]:
-        """The speaker's lines the fact comes from, or () when their own lines do not support it best."""
-        own = [i for i, row in enumerate(rows) if row["author_id"] == speaker.user_id]
-        if scores is None:  # no embedder: a shared content word with their lines
-            stems = content_stems(fact.text)
-            own = [i for i in own if stems & content_stems(rows[i]["text"])]
-            return tuple((rows[i]["channel_id"], rows[i]["message_id"], speaker.user_id) for i in own[:MAX_SOURCES])
-        mine = sorted(own, key=lambda i: -float(scores[i]))
-        theirs = max((float(scores[i]) for i in range(len(rows)) if i not in own), default=-1.0)
-        if not mine or float(scores[mine[0]]) < GROUND_MIN or float(scores[mine[0]]) < theirs - GROUND_MARGIN:
-            return ()
-        chosen = [i for i in mine if float(scores[i]) >= GROUND_MIN][:MAX_SOURCES]
-        return tuple((rows[i]["channel_id"], rows[i]["message_id"], speaker.user_id) for i in chosen)
-
-    @staticmethod
-    def _replaced(fact: RawFact, speaker: Speaker, memory_list: MemoryList, day: DayText) -> Memory | None:
-        """The remembered memory the fact corrects: one shown to the model, of the same list (personal: the speaker's)."""
-        found = REF.search(fact.replaces or "")
-        memory = day.remembered.get(f"M{int(found.group(1))}") if found else None
-        if memory is None or memory.list != memory_list:
-            return None
-        if memory_list == MemoryList.PERSONAL and memory.owner_id != speaker.user_id:
-            return None
-        return memory
+        """The model's facts, checked (`bot.summaries.facts`): notes to save, the day's key details, what was dropped."""
+        return await self.facts.check(written, day)
 
     async def week_details(self, proposed: Sequence[str], checked: Sequence[str]) -> list[str]:
-        """A week's key details: only those that restate a checked fact of its days (the model may not add claims
-        there that the days' checks dropped). Closest by the embedding model, or by a shared word without one."""
-        if not proposed or not checked:
-            return []
-        vectors = await self._embed([*proposed, *checked])
-        kept = []
-        for index, detail in enumerate(proposed):
-            if vectors is None:
-                supported = any(content_stems(detail) & content_stems(fact) for fact in checked)
-            else:
-                supported = float(max(vectors[len(proposed) :] @ vectors[index])) >= WEEK_DETAIL_MIN
-            if supported:
-                kept.append(detail)
-        return kept[:MAX_KEY_DETAILS]
-
-    # --- saving ---
+        return await self.facts.week_details(proposed, checked)
 
     async def save(self, notes: Sequence[Note], day: DayText, *, guild_id: int | None, reason: str) -> list[MemoryChange]:
         """Each note through the memory service (source `notes`), each re-checked in its own transaction (`_holds`).
@@ -451,28 +261,6 @@ def _changes_of(result: SaveResult, note: Note) -> list[MemoryChange]:
     changes = [MemoryChange(kind, saved.id, saved.list, saved.text, saved.owner_id, old_text=old)]
     changes += [MemoryChange(ChangeKind.MADE_ROOM, m.id, m.list, m.text, m.owner_id) for m in result.forgotten]
     return changes
-
-
-CLAUSE_BREAK = re.compile(r"[.;!?¿¡:,\n]+|\s(?:and|but|y|pero|also|también)\s", re.IGNORECASE)
-
-
-def clauses(text: str) -> list[str]:
-    """A line and, when it says several things, each of its clauses ("I live in Berlin, and my cat is Mochi")."""
-    parts = [" ".join(part.split()) for part in CLAUSE_BREAK.split(text)]
-    return [text, *(part for part in parts if len(part) > 3 and part != text)][:8]
-
-
-def _without_speaker(fact: RawFact, day: DayText) -> str:
-    """The fact without the name of the speaker its tag names: what is left is what they said about themselves."""
-    found = TAG.search(fact.by)
-    speaker = day.speakers.get(found.group(1).upper()) if found else None
-    if speaker is None:
-        return fact.text
-    stripped = fact.text
-    for name in {speaker.name, _first_name(speaker.name)}:
-        if len(name) >= 2:
-            stripped = re.sub(rf"(?<!\w){re.escape(name)}(?:'s|’s)?(?!\w)", " ", stripped, flags=re.IGNORECASE)
-    return " ".join(stripped.split()) or fact.text
 
 
 def _line(row: dict[str, Any], tags: dict[int, str], local_time: Any, channel_id: int) -> str:

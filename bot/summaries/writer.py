@@ -43,10 +43,12 @@ DAY_INSTRUCTIONS = (
     "speakers are listed first. Answer with JSON only, exactly this shape: "
     '{"summary": "...", "facts": [{"by": "P1", "about": "self", "fact": "..."}]}. '
     "summary: what was talked about, in a few sentences, naming who said what. "
-    f"facts: at most {MAX_FACTS} things the day taught that are worth knowing weeks from now. "
+    "facts: every fact someone told about themselves (where they live or moved, job, studies, family, pets, health, "
+    "birthday, hobbies, plans) and every plan, rule or decision of the group, one entry each, at most "
+    f"{MAX_FACTS}. "
     '"by" is the tag of the person who said it. '
-    '"about" is "self" for a fact a person told about themselves (job, home, family, pets, health, hobbies, plans), '
-    '"server" for a fact about the group or the server (events, rules, decisions). '
+    '"about" is "self" for a fact a person told about themselves, "server" for a fact about the group or the '
+    "server. "
     '"fact" is one short sentence in the third person with the person\'s name, e.g. "Juno\'s cat is called Mochi". '
     'When a fact changes a remembered fact listed before the chat, add "replaces" with its ref, e.g. "M2". '
     "Only what people said about themselves or the group: never a claim about another person, never what BOT says. "

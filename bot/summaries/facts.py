@@ -1,0 +1,285 @@
+"""Checking what the model says a chat day taught: whose fact it is (by the user id of the lines it comes from),
+whether it may be kept, and the day's key details. `bot.summaries.notes` reads the day and saves what passes;
+the rules are in docs/memory-rules.md ("Day-end notes").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bot.memory.models import Memory, MemoryList
+from bot.memory.relatedness import content_stems
+from bot.summaries.writer import MAX_KEY_DETAILS, RawFact, Written
+
+BOT_TAG = "BOT"
+TAG = re.compile(r"\b(P\d{1,3}|BOT)\b", re.IGNORECASE)
+REF = re.compile(r"\bM(\d{1,3})\b", re.IGNORECASE)
+GROUND_MIN = 0.45  # cosine a fact (the speakers' names left out) needs with one of a person's lines or clauses
+GROUND_MARGIN = 0.05  # another person's line this close makes a tie, which the model's `by` breaks
+MAX_SOURCES = 3
+WEEK_DETAIL_MIN = 0.6  # cosine a week's key detail needs with one of its days' checked facts
+SELF_WORDS = frozenset({"self", "me", "myself", "speaker", "personal", "person", "themselves", "user"})
+SERVER_WORDS = frozenset({"server", "group", "community", "channel", "everyone", "guild", "all"})
+
+Embed = Callable[[Sequence[str]], Awaitable[np.ndarray | None]]
+"""Unit vectors of texts with the memory embedder, or None when it is unavailable."""
+
+
+@dataclass(frozen=True)
+class Speaker:
+    tag: str
+    user_id: int
+    name: str
+    can_manage: bool  # had Manage Server in one of the day's lines: what a correction of a server memory needs
+    notable: bool  # privacy none and not blocked: notes may come from (and be about) them
+
+
+@dataclass
+class DayText:
+    """A day as the model reads it, and what maps its answer back to people, messages and memories."""
+
+    speakers: dict[str, Speaker]
+    rows: list[dict[str, Any]]  # the kept messages, oldest first (the chat log's rows)
+    lines: list[str]  # one transcript line per row
+    remembered: dict[str, Memory] = field(default_factory=dict)  # "M1" -> memory
+    unnamed: list[str] = field(default_factory=list)  # names of people nothing may be written about (privacy, blocks)
+
+    @property
+    def preamble(self) -> str:
+        """The speakers' legend and the remembered facts, said before the transcript."""
+        legend = "; ".join(f"{s.tag} = {s.name}" for s in self.speakers.values())
+        parts = [f"Speakers: {legend}; {BOT_TAG} = the bot"]
+        if self.remembered:
+            owners = {s.user_id: s.tag for s in self.speakers.values()}
+            parts.append("Remembered facts:")
+            parts += [
+                f"{ref} ({owners.get(m.owner_id or 0, 'server') if m.list == MemoryList.PERSONAL else 'server'}): {m.text}"
+                for ref, m in self.remembered.items()
+            ]
+        return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Note:
+    speaker: Speaker
+    memory_list: MemoryList
+    text: str
+    replaces: Memory | None
+    sources: tuple[tuple[int, int, int], ...]  # (channel, message, author)
+    private: bool = False  # said in a private thread: a key detail of that thread's own summary at most, never a memory
+
+
+@dataclass
+class Checked:
+    """What the code kept of the model's facts: notes to save, the day's key details, and what was dropped, why."""
+
+    notes: list[Note] = field(default_factory=list)
+    key_details: list[str] = field(default_factory=list)
+    dropped: list[tuple[RawFact, str]] = field(default_factory=list)
+
+
+def _first_name(name: str) -> str:
+    words = re.findall(r"[^\W\d_]+", name)
+    return words[0] if words else name
+
+
+def names_in(text: str, name: str) -> bool:
+    """Whether `text` names someone called `name` (the whole name, or its first word of three letters or more)."""
+    folded = text.casefold()
+    candidates = {name.casefold(), _first_name(name).casefold()}
+    return any(len(c) >= 3 and re.search(rf"(?<!\w){re.escape(c)}(?!\w)", folded) for c in candidates)
+
+
+class FactCheck:
+    """Keeps the facts of a day's answer whose person, subject and support hold; the rest is dropped with a reason."""
+
+    def __init__(self, embed: Embed) -> None:
+        self._embed = embed
+
+    async def check(self, written: Written, day: DayText) -> Checked:
+        """Keep the facts whose speaker, subject and support hold; the rest is dropped with a reason."""
+        checked = Checked()
+        facts = list(written.facts)
+        people_rows = [row for row in day.rows if not row["is_bot"]]
+        line_scores = await self._line_scores(facts, people_rows, day) if facts else None
+        seen: dict[str, int] = {}
+        for index, fact in enumerate(facts):
+            scores = line_scores[index] if line_scores is not None else None
+            note, why = self._judge(fact, day, people_rows, scores)
+            if note is None:
+                checked.dropped.append((fact, why))
+                continue
+            key = " ".join(note.text.casefold().split())
+            if key in seen:  # the same fact twice: keep the one that says what it corrects
+                if note.replaces is not None and checked.notes[seen[key]].replaces is None:
+                    checked.notes[seen[key]] = note
+                checked.dropped.append((fact, "repeated in the same answer"))
+                continue
+            seen[key] = len(checked.notes)
+            checked.notes.append(note)
+        checked.key_details = [note.text for note in checked.notes[:MAX_KEY_DETAILS]]
+        return checked
+
+    async def _line_scores(self, facts: list[RawFact], rows: list[dict[str, Any]], day: DayText) -> np.ndarray | None:
+        """How well each of the people's lines supports each fact (facts x lines): the best cosine between the fact,
+        its speaker's name left out ("Juno's cat is called Mochi" -> "cat is called Mochi", closer to "my cat is
+        called Mochi"), and the line or one of its clauses. None without an embedder."""
+        pieces = [(i, piece) for i, row in enumerate(rows) for piece in clauses(str(row["text"]))]
+        stripped = [_without_speaker(fact, day) for fact in facts]
+        vectors = await self._embed([piece for _, piece in pieces] + stripped)
+        if vectors is None:
+            return None
+        by_piece = vectors[len(pieces) :] @ vectors[: len(pieces)].T
+        scores = np.full((len(facts), len(rows)), -1.0)
+        for column, (row_index, _) in enumerate(pieces):
+            scores[:, row_index] = np.maximum(scores[:, row_index], by_piece[:, column])
+        return scores
+
+    def _judge(
+        self, fact: RawFact, day: DayText, rows: list[dict[str, Any]], scores: np.ndarray | None
+    ) -> tuple[Note | None, str]:
+        """Whose fact it is (the author of the lines it comes from, by id), and whether it may be kept."""
+        claimed = self._claimed(fact, day)
+        if claimed == BOT_TAG:
+            return None, "the bot's words are never a source"
+        speaker, sources = self._source(fact, day, rows, scores, claimed if isinstance(claimed, Speaker) else None)
+        if speaker is None:
+            return None, "not supported by one person's own lines"
+        others = [s for s in day.speakers.values() if s.user_id != speaker.user_id]
+        if any(names_in(fact.text, s.name) and not names_in(speaker.name, s.name) for s in others):
+            return None, "names someone else than the person who said it"
+        if any(names_in(fact.text, name) and not names_in(speaker.name, name) for name in day.unnamed):
+            return None, "names someone who asked not to be noted (privacy or block)"
+        line = next((str(r["text"]) for r in rows if (r["channel_id"], r["message_id"]) == sources[0][:2]), "")
+        memory_list = self._list_of(fact, speaker, line)
+        if memory_list is None:
+            return None, "about someone else"
+        named = memory_list == MemoryList.SERVER or names_in(fact.text, speaker.name)
+        text = fact.text if named else f"{speaker.name}: {fact.text}"
+        said = {(channel, message) for channel, message, _ in sources}
+        private = any(row.get("private_thread") for row in rows if (row["channel_id"], row["message_id"]) in said)
+        return Note(speaker, memory_list, text, self._replaced(fact, speaker, memory_list, day), sources, private), ""
+
+    @staticmethod
+    def _claimed(fact: RawFact, day: DayText) -> Speaker | str | None:
+        """Who the model says said it: a speaker tag (BOT for the bot), or else one speaker's name. Only a hint:
+        the lines the fact comes from decide (`_source`)."""
+        found = TAG.search(fact.by)
+        if found is not None:
+            tag = found.group(1).upper()
+            return BOT_TAG if tag == BOT_TAG else day.speakers.get(tag)
+        named = [s for s in day.speakers.values() if names_in(fact.by, s.name)]
+        return named[0] if len(named) == 1 else None
+
+    @staticmethod
+    def _list_of(fact: RawFact, speaker: Speaker, line: str) -> MemoryList | None:
+        """Which list a fact goes to, decided mostly by what the person said: a line in the first person singular
+        (I, my, soy, tengo...) makes a personal fact; otherwise `about` says, and a "self" fact must name its
+        speaker ("Kai is vegetarian"), or it is taken for a server fact (a model wrote "I'm planning a game night"
+        for "game night is every Friday on this server"). `about` naming anyone else: nothing."""
+        about = fact.about.strip().casefold()
+        is_self = about in SELF_WORDS or about == speaker.tag.casefold() or names_in(about, speaker.name)
+        if not (is_self or about in SERVER_WORDS):
+            return None
+        if first_person(line) or (is_self and names_in(fact.text, speaker.name)):
+            return MemoryList.PERSONAL
+        return MemoryList.SERVER
+
+    @staticmethod
+    def _source(
+        fact: RawFact, day: DayText, rows: list[dict[str, Any]], scores: np.ndarray | None, claimed: Speaker | None
+    ) -> tuple[Speaker | None, tuple[tuple[int, int, int], ...]]:
+        """The person whose own lines the fact comes from, and those lines (at most three), or (None, ()).
+
+        The closest line (cosine of the fact, names left out, with each line and clause) must reach GROUND_MIN and
+        belong to one person: when another person's line comes within GROUND_MARGIN, the model's `by` decides
+        between them, or nobody does. Without an embedder, the claimed speaker's lines sharing a content word."""
+        by_user = {s.user_id: s for s in day.speakers.values()}
+        if scores is None:
+            if claimed is None:
+                return None, ()
+            stems = content_stems(fact.text)
+            own = [i for i, row in enumerate(rows) if row["author_id"] == claimed.user_id and stems & content_stems(row["text"])]
+            return (claimed, _sources(rows, own)) if own else (None, ())
+        best: dict[int, float] = {}
+        for i, row in enumerate(rows):
+            best[row["author_id"]] = max(best.get(row["author_id"], -1.0), float(scores[i]))
+        ranked = sorted(best, key=lambda user: -best[user])
+        if not ranked or best[ranked[0]] < GROUND_MIN:
+            return None, ()
+        close = [user for user in ranked if best[user] >= best[ranked[0]] - GROUND_MARGIN]
+        if len(close) > 1:
+            if claimed is None or claimed.user_id not in close:
+                return None, ()
+            close = [claimed.user_id]
+        speaker = by_user.get(close[0])
+        if speaker is None:
+            return None, ()
+        own = sorted((i for i, row in enumerate(rows) if row["author_id"] == speaker.user_id), key=lambda i: -float(scores[i]))
+        return speaker, _sources(rows, [i for i in own if float(scores[i]) >= GROUND_MIN])
+
+    @staticmethod
+    def _replaced(fact: RawFact, speaker: Speaker, memory_list: MemoryList, day: DayText) -> Memory | None:
+        """The remembered memory the fact corrects: one shown to the model, of the same list (personal: the speaker's)."""
+        found = REF.search(fact.replaces or "")
+        memory = day.remembered.get(f"M{int(found.group(1))}") if found else None
+        if memory is None or memory.list != memory_list:
+            return None
+        if memory_list == MemoryList.PERSONAL and memory.owner_id != speaker.user_id:
+            return None
+        return memory
+
+    async def week_details(self, proposed: Sequence[str], checked: Sequence[str]) -> list[str]:
+        """A week's key details: only those that restate a checked fact of its days (the model may not add claims
+        there that the days' checks dropped). Closest by the embedding model, or by a shared word without one."""
+        if not proposed or not checked:
+            return []
+        vectors = await self._embed([*proposed, *checked])
+        kept = []
+        for index, detail in enumerate(proposed):
+            if vectors is None:
+                supported = any(content_stems(detail) & content_stems(fact) for fact in checked)
+            else:
+                supported = float(max(vectors[len(proposed) :] @ vectors[index])) >= WEEK_DETAIL_MIN
+            if supported:
+                kept.append(detail)
+        return kept[:MAX_KEY_DETAILS]
+
+
+CLAUSE_BREAK = re.compile(r"[.;!?¿¡:,\n]+|\s(?:and|but|y|pero|also|también)\s", re.IGNORECASE)
+
+
+def clauses(text: str) -> list[str]:
+    """A line and, when it says several things, each of its clauses ("I live in Berlin, and my cat is Mochi")."""
+    parts = [" ".join(part.split()) for part in CLAUSE_BREAK.split(text)]
+    return [text, *(part for part in parts if len(part) > 3 and part != text)][:8]
+
+
+_FIRST_PERSON_WORDS = "i i'm im i've i'll i'd my me mine myself yo mi mis soy estoy tengo vivo trabajo estudio juego voy hago"
+FIRST_PERSON = frozenset(_FIRST_PERSON_WORDS.split())
+
+
+def first_person(text: str) -> bool:
+    """Whether a text speaks of its speaker in the first person singular (English, or Spanish, which drops the "yo")."""
+    words = re.findall(r"[^\W\d_]+(?:['’][^\W\d_]+)?", text.casefold())
+    return any(word.replace("’", "'") in FIRST_PERSON for word in words)
+
+
+def _sources(rows: list[dict[str, Any]], chosen: list[int]) -> tuple[tuple[int, int, int], ...]:
+    return tuple((rows[i]["channel_id"], rows[i]["message_id"], rows[i]["author_id"]) for i in chosen[:MAX_SOURCES])
+
+
+def _without_speaker(fact: RawFact, day: DayText) -> str:
+    """The fact without the day's speakers' names: what is left is what someone said about themselves ("Juno's cat
+    is called Mochi" -> "cat is called Mochi", closer to "my cat is called Mochi")."""
+    stripped = fact.text
+    for speaker in day.speakers.values():
+        for name in {speaker.name, _first_name(speaker.name)}:
+            if len(name) >= 2:
+                stripped = re.sub(rf"(?<!\w){re.escape(name)}(?:'s|’s)?(?!\w)", " ", stripped, flags=re.IGNORECASE)
+    return " ".join(stripped.split()) or fact.text
