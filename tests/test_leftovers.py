@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -169,7 +171,10 @@ async def test_many_creates_of_one_new_database_at_once_all_succeed(pg_server_ur
 
 
 @pytest.mark.parametrize("ending", ["normal exit", "SIGTERM"])
-def test_the_benchmark_server_is_gone_when_the_benchmark_ends(ending: str, tmp_path: Path) -> None:
+def test_the_benchmark_server_is_gone_when_the_benchmark_ends(ending: str) -> None:
+    # a short temporary folder of its own: a Unix socket path is at most about 100 characters, and
+    # pytest's folders (named after this test) leave too little room for the server's socket under them
+    tmp_path = Path(tempfile.mkdtemp(prefix="dm-leftover-", dir="/tmp"))
     bench = subprocess.Popen([sys.executable, "-c", BENCH, "wait" if ending == "SIGTERM" else "exit"], cwd=ROOT,
                              env={**env_for(tmp_path / "unused"), "TMPDIR": str(tmp_path)}, stdout=subprocess.PIPE, text=True)
     try:
@@ -188,3 +193,4 @@ def test_the_benchmark_server_is_gone_when_the_benchmark_ends(ending: str, tmp_p
     assert not pgdata.exists()
     assert not [p for p in psutil.process_iter(["name", "cmdline"])
                 if p.info["name"] == "postgres" and str(pgdata) in " ".join(p.info["cmdline"] or [])]
+    shutil.rmtree(tmp_path, ignore_errors=True)

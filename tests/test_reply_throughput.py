@@ -304,7 +304,7 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
 
     # another bot process turns self-teaching off: the next reply offers no tools (nothing cached)
     async with pool.acquire() as conn:
-        await servers_store.update_guild_settings(conn, Actor(1, can_manage=True), GUILD, {"self_teaching": False})
+        await servers_store.update_guild_settings(conn, GUILD, {"self_teaching": False})
     await pipeline.reply(message(JUNO, "and now?", clock=clock))
     assert "tools" not in chat.requests[-1]
     await pipeline.close()
