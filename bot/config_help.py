@@ -98,11 +98,10 @@ SECTIONS: tuple[Section, ...] = (
             "SERVER_MEMORY_LIMIT": "Server memories per server.",
             "PERSONAL_MEMORY_LIMIT": "Personal memories per user and persona; Global ones count against every persona.",
             "MEMORY_MAX_CHARS": "Longest memory text, after trimming.",
-            "MERGE_MAX_CHARS": "A save into a full list first joins two unprotected memories of the list that belong "
-            "together into one memory of at most this many characters (never more than `MEMORY_MAX_CHARS`); only "
-            "when no pair fits does it forget one. `0`: never merge.",
-            "MERGE_MIN_SIMILARITY": "How related two memories must be to be joined (cosine, plus 0.15 when they share "
-            "a content word). `1.01`: never merge.",
+            "MERGE_MAX_CHARS": "A full list first joins two related memories into one of at most this many characters, "
+            "and forgets one only when no pair fits. `0`: never merge.",
+            "MERGE_MIN_SIMILARITY": "How related two memories must be to be joined when a list is full. `1.01`: never "
+            "merge.",
             "IMPORT_MAX_BYTES": "Largest file `/memories import` and `/personal memories import` accept.",
         },
     ),
