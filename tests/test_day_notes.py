@@ -441,3 +441,31 @@ async def test_nothing_is_noted_from_a_person_whose_privacy_is_full(world: World
     await end_day(world, MONDAY)
     assert "Madrid" not in day_request(summarizer, MONDAY)  # a fully private person's lines never reach the model
     assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno: I started a pottery class")]
+
+
+async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [
+        (JUNO, "big news: I moved to Lisbon last week, new job there"),
+        (BAU, "yes, looks great"),
+        (RIN, "gracias! la ciudad es preciosa"),
+        (JUNO, "lol nice. anyone seen the new Zelda trailer?"),
+        (BAU, "game night is every Friday at 8pm on this server"),
+    ])
+    summarizer.text(facts(  # what Qwen2.5-Coder 1.5B answered: the lines copied, each behind its speaker's name
+        ("P1", "self", "Juno: big news: I moved to Lisbon last week, new job there"),
+        ("P2", "self", "Bau: yes, looks great"),
+        ("P3", "self", "Rin: gracias! la ciudad es preciosa"),
+        ("P1", "self", "Juno: lol nice. anyone seen the new Zelda trailer?"),
+        ("P2", "server", "game night is every Friday at 8pm on this server"),
+    ))
+    await end_day(world, MONDAY)
+    assert sorted((m.list, m.text) for m in await memories(world)) == [
+        (MemoryList.PERSONAL, "Juno: big news: I moved to Lisbon last week, new job there"),
+        (MemoryList.SERVER, "game night is every Friday at 8pm on this server"),
+    ]
+    reasons = {fact.text: why for fact, why in world.services.summaries.notes.last[(CHANNEL, MONDAY)].dropped}
+    assert reasons == {
+        "Bau: yes, looks great": "small talk copied from a line, not a fact",
+        "Rin: gracias! la ciudad es preciosa": "small talk copied from a line, not a fact",
+        "Juno: lol nice. anyone seen the new Zelda trailer?": "a question, not a fact",
+    }

@@ -156,6 +156,9 @@ class FactCheck:
         if any(names_in(fact.text, name) and not names_in(speaker.name, name) for name in day.unnamed):
             return None, "names someone who asked not to be noted (privacy or block)"
         line = next((str(r["text"]) for r in rows if (r["channel_id"], r["message_id"]) == sources[0][:2]), "")
+        small_talk = _small_talk(fact, speaker, line)
+        if small_talk:
+            return None, small_talk
         memory_list = self._list_of(fact, speaker, line)
         if memory_list is None:
             return None, "about someone else"
@@ -268,6 +271,30 @@ def first_person(text: str) -> bool:
     """Whether a text speaks of its speaker in the first person singular (English, or Spanish, which drops the "yo")."""
     words = re.findall(r"[^\W\d_]+(?:['’][^\W\d_]+)?", text.casefold())
     return any(word.replace("’", "'") in FIRST_PERSON for word in words)
+
+
+def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
+    """Why a fact is no fact, or "": small models copy the day's lines into facts, questions and chit-chat included
+    ("Bau: yes, looks great"). A question is never kept; a line copied as it stands is kept only when it speaks in the
+    first person ("I moved to Lisbon") or is about the server (where a plain sentence is the rule itself)."""
+    said = _without_prefix(fact.text, speaker)
+    if said.rstrip().endswith(("?", "¿")):
+        return "a question, not a fact"
+    copied = _words(said) == _words(line) or _words(fact.text) == _words(line)
+    if copied and not first_person(line) and fact.about.strip().casefold() not in SERVER_WORDS:
+        return "small talk copied from a line, not a fact"
+    return ""
+
+
+def _without_prefix(text: str, speaker: Speaker) -> str:
+    """A fact without the "Name:" a model puts before a copied line."""
+    for name in {speaker.name, _first_name(speaker.name), speaker.tag}:
+        text = re.sub(rf"^\s*{re.escape(name)}\s*:\s*", "", text, flags=re.IGNORECASE)
+    return text
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.casefold())
 
 
 def _sources(rows: list[dict[str, Any]], chosen: list[int]) -> tuple[tuple[int, int, int], ...]:
