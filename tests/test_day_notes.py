@@ -469,3 +469,24 @@ async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(worl
         "Rin: gracias! la ciudad es preciosa": "small talk copied from a line, not a fact",
         "Juno: lol nice. anyone seen the new Zelda trailer?": "a question, not a fact",
     }
+
+
+async def test_a_correction_the_model_did_not_mark_still_replaces_the_fact_it_corrects(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await say(world, MONDAY, [(JUNO, "my cat is called Mochi"), (JUNO, "I work as a nurse")])
+    summarizer.text(facts(("P1", "self", "Juno's cat is called Mochi"), ("P1", "self", "Juno works as a nurse")))
+    await end_day(world, MONDAY)
+    mochi = next(m for m in await memories(world) if "Mochi" in m.text)
+    tuesday = MONDAY + timedelta(days=2)
+    await say(world, tuesday, [
+        (JUNO, "correction: my cat is actually called Luna, Mochi was my sister's cat"),
+        (JUNO, "and I adopted a second cat yesterday, Pip"),  # news, not a correction: saved beside
+    ])
+    summarizer.text(facts(("P1", "self", "Juno's cat is called Luna"), ("P1", "self", "Juno adopted a second cat called Pip")))
+    await end_day(world, tuesday)
+    now = {m.id: m.text for m in await memories(world)}
+    assert now[mochi.id] == "Juno's cat is called Luna"
+    assert sorted(now.values()) == ["Juno adopted a second cat called Pip", "Juno works as a nurse", "Juno's cat is called Luna"]
+    page = await world.services.memories.versions.page(await world.services.memories.personal_list(JUNO, GUILD), mochi.id)
+    assert [v.text for v in page.versions] == ["Juno's cat is called Mochi"]
