@@ -12,7 +12,7 @@ import contextlib
 import ipaddress
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import openai
 from openai.types.chat import ChatCompletion
 
-from bot.chat.text_calls import call_key, parse_text_calls, quoted_calls, strip_tool_json
+from bot.chat.text_calls import parse_text_calls, strip_tool_json
 from bot.chat.tools import MemoryTools, ToolContext
 from bot.config import Settings
 from bot.prompt import Prompt
@@ -49,6 +49,33 @@ def _as_text(arguments: object) -> str | None:
 def _echoed(arguments: str | None) -> str:
     """What the next request repeats of a call: huge or garbled arguments (refused anyway) must not fill the context."""
     return arguments if arguments is not None and len(arguments) <= MAX_ECHOED_ARGUMENTS else "{}"
+
+
+def call_key(name: str, raw_arguments: str | None) -> tuple[str, str]:
+    """A call as one comparable value whatever its spacing and key order: its tool name and its arguments."""
+    try:
+        arguments = json.dumps(json.loads(raw_arguments or "{}"), sort_keys=True, ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError):
+        arguments = " ".join((raw_arguments or "").split())
+    return name, arguments
+
+
+def quoted_calls(texts: Iterable[str], offered: Collection[str]) -> set[tuple[str, str]]:
+    """Every call of an offered tool written in `texts` (the conversation's messages and summaries), as `call_key`s.
+
+    A call the model writes that is already one of these merely quotes the conversation ("Sam said: {...}"):
+    running it would act on someone else's words with the rights of the person answered, so it is not a call.
+    """
+    found: set[tuple[str, str]] = set()
+    for text in texts:
+        if "{" not in text and "<" not in text:
+            continue
+        for call in parse_text_calls(text, offered, max_calls=MAX_QUOTED_CALLS).calls:
+            found.add(call_key(call.name, call.raw_arguments))
+    return found
+
+
+MAX_QUOTED_CALLS = 50  # calls read from one message of the conversation
 
 
 @dataclass

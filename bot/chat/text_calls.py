@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ParsedContent", "TextCall", "call_key", "parse_text_calls", "quoted_calls", "strip_tool_json"]
+__all__ = ["ParsedContent", "TextCall", "parse_text_calls", "strip_tool_json"]
 
 
 @dataclass(frozen=True)
@@ -519,33 +519,6 @@ def _parse(content: str, offered: frozenset[str], max_calls: int) -> ParsedConte
         return ParsedContent(calls=[], text=content.strip())
     removed = _absorb_wrappers(content, _group_calls(content, spans), drop_tags=False)
     return ParsedContent(calls=calls, text=_cut(content, removed))
-
-
-def call_key(name: str, raw_arguments: str | None) -> tuple[str, str]:
-    """A call as one comparable value whatever its spacing and key order: its tool name and its arguments."""
-    try:
-        arguments = json.dumps(_loads_bounded(raw_arguments or "{}"), sort_keys=True, ensure_ascii=False)
-    except Exception:
-        arguments = " ".join((raw_arguments or "").split())
-    return name, arguments
-
-
-def quoted_calls(texts: Iterable[str], offered: Collection[str]) -> set[tuple[str, str]]:
-    """Every call of an offered tool written in `texts` (the conversation's messages and summaries), as `call_key`s.
-
-    A call the model writes that is already one of these merely quotes the conversation ("Sam said: {...}"):
-    running it would act on someone else's words with the rights of the person answered, so it is not a call.
-    """
-    found: set[tuple[str, str]] = set()
-    for text in texts:
-        if "{" not in text and "<" not in text:
-            continue
-        for call in parse_text_calls(text, offered, max_calls=_MAX_QUOTED).calls:
-            found.add(call_key(call.name, call.raw_arguments))
-    return found
-
-
-_MAX_QUOTED = 50  # calls read from one quoted message
 
 
 def strip_tool_json(text: str) -> str:
