@@ -25,7 +25,7 @@ from bot.chat.messages import IncomingMessage
 from bot.chat.model import ChatModel
 from bot.chat.notices import ChangeKind, MemoryChange, Notices, build_notices, what_was_done
 from bot.chat.receipts import Receipt, ReplyStatus, build_receipt, dry_run_text
-from bot.chat.reply_text import ReplyFacts, again_request, check, history_text, honest_sentence, looks_spanish
+from bot.chat.reply_text import LANGUAGE, ReplyFacts, again_request, check, history_text, honest_sentence, looks_spanish
 from bot.chat.sources import SummarySource, TailSource
 from bot.chat.tools import UNCHANGED, MemoryTools, ToolContext
 from bot.config import Settings
@@ -230,11 +230,13 @@ class ReplyPipeline:
             elif error is not None:
                 status, chunks = ReplyStatus.MODEL_ERROR, [APOLOGY]
             else:
+                asked = {line.message_id: line.text for line in window}
                 facts = ReplyFacts(
                     answered=message.text,
                     speakers={**{user: names.get(user, "") for user in participants}, message.author_id: message.author_name},
                     persona_name=persona_row.name,
                     earlier_replies=[line.text for line in window if line.from_self],
+                    earlier_asked=[asked.get(line.reply_to or 0, "") for line in window if line.from_self],
                     done=_done(changes, context.remembered),
                 )
                 posted, problems, asked_again = await self._checked(text, facts, answer.messages, message)
@@ -290,19 +292,19 @@ class ReplyPipeline:
         one more try (without tools); "" when that fails too."""
         checked = check(text, facts)
         problems = list(checked.problems)
-        if checked.usable:
+        if checked.usable and LANGUAGE not in checked.problems:
             return checked.text, problems, False
         request = again_request(checked.problems, message.author_name, looks_spanish(message.text))
-        log.info("Reply to message %s could not be posted (%s); asking the model again", message.message_id,
+        log.info("Reply to message %s could not be posted as it was (%s); asking the model again", message.message_id,
                  ", ".join(checked.problems))
         again, error = await self.model.answer_again([*messages, {"role": "assistant", "content": text}], request,
                                                      message.message_id)
         if error is None and again:
             second = check(again, dataclasses.replace(facts, also_not=(*facts.also_not, request, text)))
             problems += [problem for problem in second.problems if problem not in problems]
-            if second.usable:
+            if second.usable and LANGUAGE not in second.problems:
                 return second.text, problems, True
-        return "", problems, True
+        return (checked.text if checked.usable else ""), problems, True  # the first answer, in the wrong language
 
     async def _summaries(self, message: IncomingMessage) -> list[HeadSummary]:
         """The channel's summaries for the head; a failure to read them is logged and costs the reply nothing else."""

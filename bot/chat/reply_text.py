@@ -12,7 +12,8 @@ once more. So every reply passes `check` before it is posted:
 - a sentence saying a memory was saved, changed or forgotten when no such change ran in this reply goes,
   and one line says that nothing was saved (people must be able to trust such a sentence);
 - what is left is flagged when it is empty, an echo of the message, or a repeat of an earlier reply:
-  the reply pipeline then asks the model once more, and if that fails too, posts one honest sentence.
+  the reply pipeline then asks the model once more, and if that fails too, posts one honest sentence;
+- an English answer to a Spanish message is asked for once more too, but kept if the second try is no better.
 
 `history_text` is the other half: the bot's own fixed sentences (notices, apologies, the line about nothing
 being saved) are not the model's words, so they are never shown to it as such.
@@ -40,8 +41,8 @@ NOT_SAVED_ES = "(No he guardado nada en mi memoria en esta respuesta.)"
 NOTICE_MARKS = ("📝", "✏️", "🗑️", "📦", "⚠️", "🗒️")  # the first character of every notice line the bot writes
 
 # Problems `check` reports (the receipts count them; `make smoke` fails on the ones that reach people).
-LABEL, USER_ID, FENCE, TOOL_WORDING, CLAIM, ECHO, REPEAT, EMPTY = (
-    "label", "user id", "fence", "tool wording", "claim", "echo", "repeat", "empty"
+LABEL, USER_ID, FENCE, TOOL_WORDING, CLAIM, ECHO, REPEAT, EMPTY, LANGUAGE = (
+    "label", "user id", "fence", "tool wording", "claim", "echo", "repeat", "empty", "language"
 )
 UNUSABLE = frozenset({ECHO, REPEAT, EMPTY})
 
@@ -56,6 +57,7 @@ class ReplyFacts:
     persona_name: str = ""
     earlier_replies: Sequence[str] = ()
     done: Collection[str] = ()
+    earlier_asked: Sequence[str] = ()  # the message each earlier reply answered ("" when not known), in the same order
     also_not: Sequence[str] = ()  # other texts the reply must not merely repeat (the request to answer again)
 
 
@@ -298,11 +300,20 @@ def is_echo(reply: str, source: str) -> bool:
     return len(theirs) >= 20 and theirs in mine and len(mine) <= len(theirs) + 30
 
 
-def is_repeat(reply: str, earlier: Sequence[str]) -> bool:
+def is_repeat(reply: str, earlier: Sequence[str], earlier_asked: Sequence[str] = (), answered: str = "") -> bool:
+    """The reply says again what an earlier reply said, to another question (the same question asked again may get
+    the same answer)."""
     mine = normalized(reply)
     if len(mine) < REPEAT_MIN_CHARS:
         return False
-    return any(_similar(mine, normalized(before)) >= REPEAT_RATIO for before in earlier)
+    question = normalized(answered)
+    for number, before in enumerate(earlier):
+        if _similar(mine, normalized(before)) < REPEAT_RATIO:
+            continue
+        asked = normalized(earlier_asked[number]) if number < len(earlier_asked) else ""
+        if not (asked and question and _similar(asked, question) >= ECHO_RATIO):
+            return True
+    return False
 
 
 def _has_words(text: str) -> bool:
@@ -324,8 +335,10 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
         cleaned = ""
     elif any(is_echo(cleaned, source) for source in (facts.answered, *facts.also_not)):
         problems.append(ECHO)
-    elif is_repeat(cleaned, facts.earlier_replies):
+    elif is_repeat(cleaned, facts.earlier_replies, facts.earlier_asked, facts.answered):
         problems.append(REPEAT)
+    elif looks_spanish(facts.answered) and not looks_spanish(cleaned):
+        problems.append(LANGUAGE)  # usable, but worth one more try in the right language
     return CheckedReply(cleaned, tuple(dict.fromkeys(problems)))
 
 
@@ -335,6 +348,8 @@ def again_request(problems: Collection[str], author_name: str, spanish: bool) ->
         why = f"That only repeated {author_name}'s message."
     elif REPEAT in problems:
         why = "That repeated one of your earlier replies."
+    elif LANGUAGE in problems:
+        why = f"{author_name} wrote in Spanish."
     else:
         why = "That had no answer in it."
     language = " Answer in Spanish." if spanish else ""
