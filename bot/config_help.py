@@ -52,6 +52,8 @@ SECTIONS: tuple[Section, ...] = (
             "CHAT_MAX_OUTPUT_TOKENS": "Tokens reserved for the answer.",
             "CHAT_TIMEOUT_S": "Seconds a whole reply's model calls may take, tool rounds included. On timeout the bot "
             "apologises briefly; what the tools already did stays done.",
+            "REPLIES_FIRST": "Day summaries and notes wait for replies on the chat model's server (one-slot servers). "
+            "`auto`: on when they share a local server; `on`; `off`.",
             "CHAT_CONTEXT_TOKENS": "The model's context: the prompt plus the reserved answer never exceed it. "
             "Over it, the oldest messages go first, then recalled items, never the message being answered.",
             "CONTEXT_MESSAGES": "Recent messages of the channel in every prompt; their authors are the "
