@@ -98,6 +98,8 @@ class Settings:
     max_memory_actions_per_reply: int = 5
     duplicate_similarity: float = 0.91
     update_min_similarity: float = 0.60  # the model's update must be about the same subject (bot/memory/relatedness.py)
+    merge_max_chars: int = 400  # a full list joins two memories that belong together into one of at most this many
+    merge_min_similarity: float = 0.60  # how related two memories must be to be joined (bot/memory/merges.py)
     memory_notes: str = "both"  # daily: day-end notes only; tools: the reply's memory tools only; both
     default_persona_name: str = DEFAULT_PERSONA_NAME
     default_persona_prompt: str = DEFAULT_PERSONA_PROMPT
@@ -520,6 +522,8 @@ def _notes_settings(merged: Mapping[str, str]) -> dict[str, object]:
     return {
         "memory_notes": _choice(merged, "MEMORY_NOTES", "both", MEMORY_NOTES_MODES),
         "update_min_similarity": _float(merged, "UPDATE_MIN_SIMILARITY", 0.60, -1.0, 1.01),
+        "merge_max_chars": _int(merged, "MERGE_MAX_CHARS", 400, 0, 4000),
+        "merge_min_similarity": _float(merged, "MERGE_MIN_SIMILARITY", 0.60, -1.0, 1.01),
     }
 
 

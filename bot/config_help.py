@@ -100,6 +100,10 @@ SECTIONS: tuple[Section, ...] = (
             "SERVER_MEMORY_LIMIT": "Server memories per server.",
             "PERSONAL_MEMORY_LIMIT": "Personal memories per user and persona; Global ones count against every persona.",
             "MEMORY_MAX_CHARS": "Longest memory text, after trimming.",
+            "MERGE_MAX_CHARS": "A full list first joins two related memories into one of at most this many characters, "
+            "and forgets one only when no pair fits. `0`: never merge.",
+            "MERGE_MIN_SIMILARITY": "How related two memories must be to be joined when a list is full. `1.01`: never "
+            "merge.",
             "IMPORT_MAX_BYTES": "Largest file `/memories import` and `/personal memories import` accept.",
         },
     ),
