@@ -17,7 +17,7 @@ from bot.clock import Clock
 from bot.config import Settings
 from bot.db import Connection
 from bot.embeddings.service import Embeddings
-from bot.errors import NotAllowed, NotFound
+from bot.errors import NotAllowed
 from bot.memory import store, versions_store
 from bot.memory.desk_cache import DeskCache
 from bot.memory.lists import ImportEntry, ListRef
@@ -35,14 +35,6 @@ class BulkWrites:
         self.settings = settings
         self.clock = clock
         self.desk_cache = desk_cache
-
-    async def set_tags(self, memory_id: int, tags: Sequence[str]) -> Memory:
-        async with self.pool.acquire() as conn, conn.transaction():
-            await store.set_memory_tags(conn, memory_id, tags, self.clock.now())
-            memory = await store.get_memory(conn, memory_id)
-        if memory is None:
-            raise NotFound(f"memory #{memory_id} was deleted meanwhile")
-        return memory
 
     async def move_scope(self, ref: ListRef, memory_id: int, *, to_global: bool) -> Memory:
         """Make a personal memory Global or tie it to `ref`'s persona; refused if a personal list would overfill."""
