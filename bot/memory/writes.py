@@ -1,8 +1,7 @@
 """Every change to memories: saves (forgetting to make room), edits, deletes, tags, scope moves, imports,
 delete-my-data, and vectors for a new embedding space.
 
-Each change is one transaction and keeps the desk cache right itself, so no caller has to. The
-rules are in docs/memory-rules.md ("Saving and forgetting", "Protection").
+Each change is one transaction. The rules are in docs/memory-rules.md ("Saving and forgetting", "Protection").
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from bot.embeddings.service import Embeddings
 from bot.errors import InvalidInput
 from bot.memory import store, versions_store
 from bot.memory.decay import Decay
-from bot.memory.desk_cache import DeskCache
 from bot.memory.model_rules import model_save_refusal, model_text_refusal
 from bot.memory.models import MODEL_SOURCES, Memory, MemoryList, NewMemory, Rejection, SaveResult, Source, VersionVia
 from bot.memory.visibility import clean_text, normalize_tags
@@ -49,7 +47,7 @@ def _rejected(reason: Rejection, detail: str) -> SaveResult:
 
 
 class MemoryWrites:
-    """Saves (forgetting to make room), edits and deletes, each one transaction that keeps the desk cache right."""
+    """Saves (forgetting to make room), edits and deletes, each one transaction."""
 
     def __init__(
         self,
@@ -59,7 +57,6 @@ class MemoryWrites:
         clock: Clock,
         servers: Servers,
         decay: Decay,
-        desk_cache: DeskCache,
     ) -> None:
         self.pool = pool
         self.embeddings = embeddings
@@ -67,7 +64,6 @@ class MemoryWrites:
         self.clock = clock
         self.servers = servers
         self.decay = decay
-        self.desk_cache = desk_cache
 
     async def _save_refusal(self, conn: Connection, request: NewMemory) -> SaveResult | None:
         """Who may save what, or None when the save may go ahead."""
@@ -183,7 +179,6 @@ class MemoryWrites:
                         )
                     forgotten.append(candidate)
                 await store.delete_memories(conn, [m.id for m in forgotten])
-                self.desk_cache.discard(m.id for m in forgotten)
 
             saved = await store.insert_memory(
                 conn,
@@ -331,5 +326,4 @@ class MemoryWrites:
             if refusal is not None:
                 return refusal
             await store.delete_memories(conn, [memory_id])
-        self.desk_cache.discard([memory_id])
         return SaveResult(saved=None, forgotten=[memory], rejected=None, detail="deleted")
