@@ -61,7 +61,7 @@ class Settings:
     log_level: str = "INFO"
     memory_decay_enabled: bool = True
     dormant_after_days: int = 7
-    max_used: int = 12  # first written as 3; 12 measured better in busy servers and in two-person chat (docs/benchmarks.md)
+    max_used: int = 12  # 12 measured better than 3 in busy servers and in two-person chat (docs/benchmarks.md)
     max_recalled: int = 10  # dormant matches shown in the tail, best first (used ones always); 0 = only the used ones
     lexical_weight: float = 0.5  # hybrid scoring: cosine + this x weighted word overlap; 0 = cosine alone
     desk_refresh: str = "reply"
