@@ -127,21 +127,22 @@ def notice_line(change: MemoryChange, verbosity: str, names: dict[int, str]) -> 
 
 
 def what_was_done(changes: Sequence[MemoryChange], extra: Sequence[str] = ()) -> str:
-    """The reply when the model only called tools, even when asked for an answer: a short sentence of what it did
-    ("Noted: Juno's cat is called Mochi."), so a person never gets silence or tool JSON. `extra` says what the
-    calls that changed nothing amount to ("I already remember that: ...")."""
+    """The reply when the model wrote no answer after its calls: one line per thing done, so a person never gets
+    silence or tool JSON. Each line starts like a notice ("📝 Saved: ..."), so the bot never shows it to the
+    model as the model's own words: copied once, it became every later reply. `extra` says what the calls that
+    changed nothing amount to ("📝 I already remember that: ...")."""
     said: list[str] = []
     for change in changes:
         text = change.text.strip().rstrip(".")
         if change.kind == ChangeKind.SAVED:
-            said.append(f"Noted: {text}.")
+            said.append(f"📝 Saved: {text}.")
         elif change.kind == ChangeKind.UPDATED:
-            said.append(f"Updated: {text}.")
+            said.append(f"✏️ Updated: {text}.")
         elif change.kind == ChangeKind.FORGOTTEN:
-            said.append(f"Forgotten: memory #{change.memory_id}.")
+            said.append(f"🗑️ Forgot: {text}." if text else f"🗑️ Forgot memory #{change.memory_id}.")
         elif change.kind == ChangeKind.REJECTED:
-            said.append(f"I could not change my memory: {change.reason.rstrip('.')}.")
-    return " ".join(dict.fromkeys([*said, *extra])) or "Done."
+            said.append(f"⚠️ I could not change my memory: {change.reason.rstrip('.')}.")
+    return "\n".join(dict.fromkeys([*said, *extra])) or "📝 Done."
 
 
 def day_notes_notices(

@@ -16,7 +16,6 @@ from bot.embeddings.service import Embeddings
 from bot.errors import InvalidInput
 from bot.memory import store
 from bot.memory.decay import Decay
-from bot.memory.desk_cache import DeskCache
 from bot.memory.merges import ListRoom, MergePlan, Vector
 from bot.memory.model_rules import model_save_refusal
 from bot.memory.models import MODEL_SOURCES, Memory, MemoryList, Merge, NewMemory, Rejection, SaveResult, Source
@@ -56,7 +55,6 @@ class MemorySaves:
         clock: Clock,
         servers: Servers,
         decay: Decay,
-        desk_cache: DeskCache,
     ) -> None:
         self.pool = pool
         self.embeddings = embeddings
@@ -64,7 +62,6 @@ class MemorySaves:
         self.clock = clock
         self.servers = servers
         self.decay = decay
-        self.desk_cache = desk_cache
         self.room = ListRoom(settings)
 
     async def _save_refusal(self, conn: Connection, request: NewMemory) -> SaveResult | None:
@@ -228,7 +225,6 @@ class MemorySaves:
                 forgotten.append(await self._forgettable(conn, request, owner, where, forgotten, vector, search_available))
             if forgotten:
                 await store.delete_memories(conn, [m.id for m in forgotten])
-            self.desk_cache.discard([m.id for m in forgotten] + [merge.absorbed.id for merge, _ in merges])
             similar = [m for m in similar if all(m.id != merge.absorbed.id for merge, _ in merges)]
 
             saved = await store.insert_memory(

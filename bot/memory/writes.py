@@ -1,8 +1,7 @@
 """Every change to memories: saves (merging or forgetting to make room: `bot.memory.saves`), edits, deletes,
 tags, scope moves, imports, delete-my-data, and vectors for a new embedding space.
 
-Each change is one transaction and keeps the desk cache right itself, so no caller has to. The
-rules are in docs/memory-rules.md ("Saving and forgetting", "Protection").
+Each change is one transaction. The rules are in docs/memory-rules.md ("Saving and forgetting", "Protection").
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from bot.embeddings.service import Embeddings
 from bot.errors import InvalidInput
 from bot.memory import store, versions_store
 from bot.memory.decay import Decay
-from bot.memory.desk_cache import DeskCache
 from bot.memory.model_rules import model_text_refusal
 from bot.memory.models import (
     MODEL_SOURCES,
@@ -47,7 +45,7 @@ DEFAULT_REASON = {
 
 
 class MemoryWrites:
-    """Saves (forgetting to make room), edits and deletes, each one transaction that keeps the desk cache right."""
+    """Saves (forgetting to make room), edits and deletes, each one transaction."""
 
     def __init__(
         self,
@@ -57,7 +55,6 @@ class MemoryWrites:
         clock: Clock,
         servers: Servers,
         decay: Decay,
-        desk_cache: DeskCache,
     ) -> None:
         self.pool = pool
         self.embeddings = embeddings
@@ -65,8 +62,7 @@ class MemoryWrites:
         self.clock = clock
         self.servers = servers
         self.decay = decay
-        self.desk_cache = desk_cache
-        self.saves = MemorySaves(pool, embeddings, settings, clock, servers, decay, desk_cache)
+        self.saves = MemorySaves(pool, embeddings, settings, clock, servers, decay)
 
     async def save(self, request: NewMemory, *, search_available: bool = True, check: SaveCheck | None = None) -> SaveResult:
         """Save one memory; a full list merges, forgets or refuses (`bot.memory.saves`)."""
@@ -178,5 +174,4 @@ class MemoryWrites:
             if refusal is not None:
                 return refusal
             await store.delete_memories(conn, [memory_id])
-        self.desk_cache.discard([memory_id])
         return SaveResult(saved=None, forgotten=[memory], rejected=None, detail="deleted")

@@ -65,7 +65,7 @@ class DayNotes:
         self.chat_log = chat_log
         self.settings = settings
         self.withdrawals = Withdrawals(chat_log, servers)
-        self.facts = FactCheck(self._embed)
+        self.facts = FactCheck(self._embed, settings.update_min_similarity)
         self.listener: NotesListener | None = None
         self.last: dict[tuple[int, date], Checked] = {}  # the latest check of each channel-day (smoke, benchmarks)
 
