@@ -201,7 +201,7 @@ async def test_tool_calls_save_and_forget_with_notices(
 async def test_full_list_forgets_a_dormant_memory_to_make_room(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool
 ) -> None:
-    pipeline = await make_pipeline(server_memory_limit=3, merge_max_chars=0)  # merging off: the forgetting alone
+    pipeline = await make_pipeline(server_memory_limit=3)
     await pipeline.core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), notice_verbosity="verbose")
     # three facts that belong nowhere together, so nothing can be merged: one of them has to go
     texts = ("The wiki lives on Notion", "Bau won the 2024 chess cup", "The mascot is a grey heron")
