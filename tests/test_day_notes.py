@@ -455,6 +455,7 @@ async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(worl
         ("P1", "self", "Juno: big news: I moved to Lisbon last week, new job there"),
         ("P2", "self", "Bau: yes, looks great"),
         ("P3", "self", "Rin: gracias! la ciudad es preciosa"),
+        ("P3", "self", "Rin thanks! la ciudad es preciosa"),  # copied with a word translated
         ("P1", "self", "Juno: lol nice. anyone seen the new Zelda trailer?"),
         ("P2", "server", "game night is every Friday at 8pm on this server"),
     ))
@@ -467,6 +468,7 @@ async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(worl
     assert reasons == {
         "Bau: yes, looks great": "small talk copied from a line, not a fact",
         "Rin: gracias! la ciudad es preciosa": "small talk copied from a line, not a fact",
+        "Rin thanks! la ciudad es preciosa": "small talk copied from a line, not a fact",
         "Juno: lol nice. anyone seen the new Zelda trailer?": "a question, not a fact",
     }
 

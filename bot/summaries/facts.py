@@ -28,6 +28,7 @@ CORRECTION = re.compile(  # a line that says it changes something the people sai
     r"ya no|me mud[eé]|me he mudado|se cambia|cambiado|cambió|ahora)\b",
     re.IGNORECASE,
 )
+COPIED_SHARE = 0.75
 SELF_WORDS = frozenset({"self", "me", "myself", "speaker", "personal", "person", "themselves", "user"})
 SERVER_WORDS = frozenset({"server", "group", "community", "channel", "everyone", "guild", "all"})
 
@@ -361,7 +362,10 @@ def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
     said = _without_prefix(fact.text, speaker)
     if said.rstrip().endswith(("?", "¿")):
         return "a question, not a fact"
-    copied = _words(said) == _words(line) or _words(fact.text) == _words(line)
+    names = set(_words(f"{speaker.name} {speaker.tag}"))
+    own = [word for word in _words(said) if word not in names]
+    heard = set(_words(line))
+    copied = bool(own) and sum(word in heard for word in own) >= COPIED_SHARE * len(own)
     if copied and not first_person(line) and fact.about.strip().casefold() not in SERVER_WORDS:
         return "small talk copied from a line, not a fact"
     return ""
