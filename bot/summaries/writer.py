@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import openai
 
-from bot.chat.model import output_limit_name
+from bot.chat.model import ModelGate, output_limit_name
 from bot.config import Settings
 from bot.redact import redact
 from bot.tokens import count_tokens
@@ -177,10 +177,11 @@ def split_parts(lines: Sequence[str], part_tokens: int) -> list[list[str]]:
 
 
 class SummaryWriter:
-    def __init__(self, settings: Settings, client: openai.AsyncOpenAI | None = None) -> None:
+    def __init__(self, settings: Settings, client: openai.AsyncOpenAI | None = None, gate: ModelGate | None = None) -> None:
         self.settings = settings
         self.base_url, self._api_key, self.model = settings.summary_endpoint
         self._client = client
+        self.gate = gate or ModelGate(enabled=False)  # replies first, on a server they share (bot.chat.model)
 
     @property
     def configured(self) -> bool:
@@ -243,6 +244,10 @@ class SummaryWriter:
         return bool(summary.strip()) and not echoes(summary, instructions) and not looks_like_json(summary)
 
     async def _complete(self, messages: list[dict[str, str]]) -> str:
+        """One summary request, after every reply in flight or waiting (the gate); its timeout counts from its start."""
+        return await self.gate.background(lambda: self._complete_now(messages))
+
+    async def _complete_now(self, messages: list[dict[str, str]]) -> str:
         try:
             async with asyncio.timeout(self.settings.summary_timeout_s):
                 completion = await self.client.chat.completions.create(
