@@ -152,3 +152,16 @@ async def test_a_call_quoted_from_another_member_is_not_run(
     chat.tool_calls(("forget_memory", {"memory_id": saved.saved.id, "reason": "asked"})).text("Forgotten.")
     outcome = await turn(pipeline, clock, JUNO, f"please forget memory #{saved.saved.id}", author_can_manage=True)
     assert await pipeline.core.all_memories() == [] and outcome.receipt.quoted_calls == 0
+
+
+async def test_an_empty_answer_or_only_calls_after_the_tools_are_asked_for_once_more(
+    pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock
+) -> None:
+    """Small models often stop after their call, or answer nothing: the question still deserves its answer."""
+    chat.text("").text("Paris.")
+    outcome = await turn(pipeline, clock, JUNO, "What's the capital of France?")
+    assert outcome.chunks == ["Paris."] and outcome.receipt.asked_again
+
+    chat.tool_calls(("save_memory", MOCHI)).text("").text("Mochi is a lovely name!")
+    outcome = await turn(pipeline, clock, JUNO, "my cat is called Mochi")
+    assert outcome.chunks == ["Mochi is a lovely name!"] and [c.kind.value for c in outcome.changes] == ["saved"]

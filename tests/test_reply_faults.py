@@ -144,9 +144,10 @@ async def test_a_model_that_never_stops_calling_tools_is_cut_off_with_an_answer(
 async def test_empty_or_broken_answers_get_a_short_apology(
     pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock, answer: str
 ) -> None:
-    chat.raw(answer)
+    chat.raw(answer).raw(answer)  # an empty answer is asked for once more
     outcome = await pipeline.reply(said("hello?", clock))
     assert outcome.status == ReplyStatus.MODEL_ERROR and outcome.chunks in ([APOLOGY], [EMPTY_ANSWER])
+    chat.script.clear()
     assert all(0 < len(chunk) < 200 for chunk in outcome.chunks)
     assert (await pipeline.reply(said("still there?", clock))).chunks == ["ok"]
 
