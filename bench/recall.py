@@ -36,7 +36,6 @@ from bot.db import create_pool
 from bot.embeddings.providers import EmbeddingSpace
 from bot.lexical import lexical_query
 from bot.memory import store
-from bot.memory.desk_cache import DeskCache
 from bot.memory.models import Conversation
 from bot.services import memory_core
 
@@ -183,8 +182,7 @@ async def breakdown(url: str, dataset: Dataset, replies: int, *, seed: int = 13)
     """Where the core's time goes, on later-in-the-day replies only (nothing left to age).
 
     Interleaves three sides on the same replies: the core's call, the bare search statement
-    (`store.reply_search`, same parameters, including the ids and row versions the core's desk
-    cache holds, so it returns the same rows; no `Memory` objects) and the top-k. The difference
+    (`store.reply_search`, same parameters, so it returns the same rows; no `Memory` objects) and the top-k. The difference
     core − statement is Python (row decoding, `Memory` objects, desk order); statement − top-k is
     the SQL work beyond scoring (visibility, resets, desk snapshot, larger result).
     """
@@ -215,8 +213,6 @@ async def breakdown(url: str, dataset: Dataset, replies: int, *, seed: int = 13)
                 if side == "core":
                     await core.reply_search(conversation)
                 elif side == "statement":
-                    # what the core's desk cache holds for this reply, as the core passes it
-                    held = core.desk_cache.held(DeskCache.parts(server.guild_id, persona, people), clock.now().date())
                     async with pool.acquire() as conn:
                         await store.reply_search(
                             conn, guild_id=server.guild_id, persona_id=persona, channel_id=server.channel_ids[0],
@@ -225,7 +221,6 @@ async def breakdown(url: str, dataset: Dataset, replies: int, *, seed: int = 13)
                             today=clock.now().date(), desk_below_days=settings.dormant_after_days,
                             max_recalled=settings.max_recalled, dormant_after=settings.dormant_after_days,
                             lexical=lexical_query(conversation.text), lexical_weight=settings.lexical_weight,
-                            known_ids=list(held), known_stamps=[entry[0] for entry in held.values()],
                         )
                 else:
                     async with pool.acquire() as conn:
@@ -256,7 +251,6 @@ async def explain(url: str, dataset: Dataset, *, first_of_day: bool, seed: int =
             server.guild_id, persona, server.channel_ids[0], people, [], vector, dataset.space_id,
             settings.min_similarity, settings.max_used, clock_now(day), day, settings.dormant_after_days,
             settings.max_recalled, settings.dormant_after_days, "hello", "", settings.lexical_weight,
-            [], [],  # the desk cache's known ids and stamps, always last: nothing held, the whole snapshot
         )
         if not first_of_day:  # age this set today first, so the explained run is a later reply
             await connection.fetch(store.REPLY_SEARCH_SQL, *args)

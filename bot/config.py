@@ -61,7 +61,7 @@ class Settings:
     log_level: str = "INFO"
     memory_decay_enabled: bool = True
     dormant_after_days: int = 7
-    max_used: int = 12  # first written as 3; 12 measured better in busy servers and in two-person chat (docs/benchmarks.md)
+    max_used: int = 12  # 12 measured better than 3 in busy servers and in two-person chat (docs/benchmarks.md)
     max_recalled: int = 10  # dormant matches shown in the tail, best first (used ones always); 0 = only the used ones
     lexical_weight: float = 0.5  # hybrid scoring: cosine + this x weighted word overlap; 0 = cosine alone
     desk_refresh: str = "reply"
@@ -98,6 +98,8 @@ class Settings:
     max_memory_actions_per_reply: int = 5
     duplicate_similarity: float = 0.91
     update_min_similarity: float = 0.60  # the model's update must be about the same subject (bot/memory/relatedness.py)
+    merge_max_chars: int = 400  # a full list joins two memories that belong together into one of at most this many
+    merge_min_similarity: float = 0.60  # how related two memories must be to be joined (bot/memory/merges.py)
     memory_notes: str = "both"  # daily: day-end notes only; tools: the reply's memory tools only; both
     default_persona_name: str = DEFAULT_PERSONA_NAME
     default_persona_prompt: str = DEFAULT_PERSONA_PROMPT
@@ -520,6 +522,8 @@ def _notes_settings(merged: Mapping[str, str]) -> dict[str, object]:
     return {
         "memory_notes": _choice(merged, "MEMORY_NOTES", "both", MEMORY_NOTES_MODES),
         "update_min_similarity": _float(merged, "UPDATE_MIN_SIMILARITY", 0.60, -1.0, 1.01),
+        "merge_max_chars": _int(merged, "MERGE_MAX_CHARS", 400, 0, 4000),
+        "merge_min_similarity": _float(merged, "MERGE_MIN_SIMILARITY", 0.60, -1.0, 1.01),
     }
 
 

@@ -88,7 +88,7 @@ SECTIONS: tuple[Section, ...] = (
             "a full list refuses new memories. Documents and chat history are still searched.",
             "DORMANT_AFTER_DAYS": "Chat days without a match after which a memory moves to the drawer.",
             "MAX_USED": "How many best matches per reply count as used: reset to 0 days unused, and always in the "
-            "prompt. The rules as first written say 3 ([why 12](benchmarks.md)).",
+            "prompt ([why 12 and not 3](benchmarks.md)).",
             "MAX_RECALLED": "Dormant matches a reply may show near the end of its prompt; only the used ones go back "
             "to the desk. `0`: only the used ones.",
             "MIN_SIMILARITY": "The score a memory needs to count as a match: cosine similarity plus the "
@@ -100,6 +100,10 @@ SECTIONS: tuple[Section, ...] = (
             "SERVER_MEMORY_LIMIT": "Server memories per server.",
             "PERSONAL_MEMORY_LIMIT": "Personal memories per user and persona; Global ones count against every persona.",
             "MEMORY_MAX_CHARS": "Longest memory text, after trimming.",
+            "MERGE_MAX_CHARS": "A full list first joins two related memories into one of at most this many characters, "
+            "and forgets one only when no pair fits. `0`: never merge.",
+            "MERGE_MIN_SIMILARITY": "How related two memories must be to be joined when a list is full. `1.01`: never "
+            "merge.",
             "IMPORT_MAX_BYTES": "Largest file `/memories import` and `/personal memories import` accept.",
         },
     ),

@@ -246,6 +246,8 @@ class ConsoleChat(ServerCommands):
             self.show(f"not saved: {result.detail}")
             return
         self.show(f"saved {what} #{result.saved.id}: {result.saved.text}")
+        for merge in result.merged:
+            self.show(f"  joined #{merge.absorbed.id} into #{merge.kept.id} to make room: {merge.kept.text}")
         for gone in result.forgotten:
             self.show(f"  forgotten to make room: #{gone.id} {gone.text}")
         if looks_like_instruction(result.saved.text):

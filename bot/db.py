@@ -164,33 +164,8 @@ def with_database(url: str, database: str) -> str:
     return f"{scheme}://{authority}/{database}" + (f"?{query}" if question else "")
 
 
-class ServerStarts:
-    """Counts the times a new connection found a server started at another moment than the last one.
-
-    The core's desk cache trusts a row version (`xmin`) it has seen. After a crash, transactions the
-    server had not flushed yet (the search commits with synchronous_commit off) are gone and their
-    transaction ids can be handed out again, so a held version could be mistaken for a new one;
-    the same after a failover to another server. Every connection the pool opens after such an event
-    is new, so checking here catches it before any statement of the new server's runs.
-    """
-
-    def __init__(self) -> None:
-        self.started: object = None
-        self.changes = 0
-
-    async def note(self, connection: asyncpg.Connection) -> None:
-        started = await connection.fetchval("SELECT pg_postmaster_start_time()")
-        if self.started is not None and started != self.started:
-            self.changes += 1
-        self.started = started
-
-
-SERVER_STARTS = ServerStarts()
-
-
 async def _init_connection(connection: asyncpg.Connection) -> None:
     await register_vector(connection)
-    await SERVER_STARTS.note(connection)
 
 
 async def _keep_session(connection: asyncpg.Connection) -> None:

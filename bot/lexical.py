@@ -63,10 +63,6 @@ class LexicalQuery:
     words: str
     names: str
 
-    @property
-    def empty(self) -> bool:
-        return not self.words
-
 
 def _letters_and_digits(words: list[str]) -> list[str]:
     return [w for w in (w.replace("_", "") for w in words) if w]

@@ -2,7 +2,7 @@
 
 The command is hidden from other members by its default permissions, and every call checks
 Manage Server again: a server admin can grant the command to more people in Discord's
-Integrations page, but the spec ties these settings to Manage Server itself.
+Integrations page, but these settings stay with Manage Server itself.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ async def test_export_import_roundtrip_merge_and_replace(make_core) -> None:
     doc = await mgr.export(ref, AS_ADMIN)
     assert doc["format"] == EXPORT_FORMAT and doc["version"] == 1 and doc["list"] == "server"
     assert doc["memories"][0]["text"] == "Juno's cat is called Mochi" and doc["memories"][0]["state"] == "desk"
-    raw = mgr.to_bytes(doc)
+    raw = json.dumps(doc).encode()
 
     other = await mgr.server_list(OTHER_GUILD)
     plan = mgr.parse_import(other, raw)

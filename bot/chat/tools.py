@@ -13,7 +13,7 @@ from typing import Any
 
 from bot.chat.arguments import as_bool, as_list_name, as_memory_id, as_user_ref
 from bot.chat.messages import IncomingMessage
-from bot.chat.notices import ChangeKind, MemoryChange
+from bot.chat.notices import ChangeKind, MemoryChange, room_changes
 from bot.config import Settings
 from bot.errors import InvalidInput
 from bot.failures import database_sentence
@@ -284,13 +284,16 @@ class MemoryTools:
             context.remembered = True
             return {"ok": True, "already_remembered_as": saved.id, "text": saved.text, "note": result.detail}
         context.changes.append(MemoryChange(ChangeKind.SAVED, saved.id, saved.list, saved.text, saved.owner_id))
-        for gone in result.forgotten:
-            context.changes.append(MemoryChange(ChangeKind.MADE_ROOM, gone.id, gone.list, gone.text, gone.owner_id))
-            context.shown_ids.discard(gone.id)
+        context.changes += room_changes(result)
+        context.shown_ids.difference_update([gone.id for gone in result.forgotten] + [m.absorbed.id for m in result.merged])
         context.shown_ids.update(memory.id for memory in result.similar)  # so the model may update one of them
         answer: dict[str, Any] = {"ok": True, "memory_id": saved.id}
         if result.forgotten:  # only when something went: an empty field's name is what small models turned into prose
             answer["forgotten_to_make_room"] = [{"id": gone.id, "text": gone.text} for gone in result.forgotten]
+        if result.merged:
+            answer["merged_to_make_room"] = [
+                {"id": m.kept.id, "absorbed": m.absorbed.id, "text": m.kept.text} for m in result.merged
+            ]
         if result.similar:
             answer["similar_memories"] = [{"id": memory.id, "text": memory.text} for memory in result.similar]
             answer["hint"] = "if the new fact replaces one of these, update that memory and forget the new one"
@@ -316,6 +319,7 @@ class MemoryTools:
             context.shown_ids.add(saved.id)
             if not result.repeated:
                 context.changes.append(MemoryChange(ChangeKind.SAVED, saved.id, saved.list, saved.text, saved.owner_id))
+                context.changes += room_changes(result)
             return {
                 "ok": True,
                 "memory_id": saved.id,

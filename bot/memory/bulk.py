@@ -2,7 +2,7 @@
 part of delete-my-data.
 
 Like every change to memories, each is one transaction under the list's lock (the lock `save`
-takes, so imports and saves never interleave) and lets the desk cache go of what it deleted.
+takes, so imports and saves never interleave).
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from bot.clock import Clock
 from bot.config import Settings
 from bot.db import Connection
 from bot.embeddings.service import Embeddings
-from bot.errors import NotAllowed, NotFound
+from bot.errors import NotAllowed
 from bot.memory import store, versions_store
-from bot.memory.desk_cache import DeskCache
 from bot.memory.lists import ImportEntry, ListRef
 from bot.memory.models import Memory, MemoryList
 
@@ -28,21 +27,12 @@ class BulkWrites:
     """Imports, scope moves and a user's memories for export or deletion."""
 
     def __init__(
-        self, pool: asyncpg.Pool, embeddings: Embeddings, settings: Settings, clock: Clock, desk_cache: DeskCache
+        self, pool: asyncpg.Pool, embeddings: Embeddings, settings: Settings, clock: Clock
     ) -> None:
         self.pool = pool
         self.embeddings = embeddings
         self.settings = settings
         self.clock = clock
-        self.desk_cache = desk_cache
-
-    async def set_tags(self, memory_id: int, tags: Sequence[str]) -> Memory:
-        async with self.pool.acquire() as conn, conn.transaction():
-            await store.set_memory_tags(conn, memory_id, tags, self.clock.now())
-            memory = await store.get_memory(conn, memory_id)
-        if memory is None:
-            raise NotFound(f"memory #{memory_id} was deleted meanwhile")
-        return memory
 
     async def move_scope(self, ref: ListRef, memory_id: int, *, to_global: bool) -> Memory:
         """Make a personal memory Global or tie it to `ref`'s persona; refused if a personal list would overfill."""
@@ -111,7 +101,6 @@ class BulkWrites:
                 for memory_id, (entry, vector) in zip(ids, chosen, strict=True):
                     if vector is not None and await store.store_vector(conn, memory_id, space, vector, entry.text):
                         embedded += 1
-        self.desk_cache.discard(removed_ids)
         if space is not None and embedded < len(ids):
             self.embeddings.want_vectors()
         return ids, len(removed_ids), skipped, embedded
@@ -148,6 +137,4 @@ class BulkWrites:
         """A user's part of delete-my-data among memories and their versions (inside the caller's transaction; the
         caller has locked the person, so a day-end note about them in flight waits, then finds them gone)."""
         versions = await versions_store.forget_user_versions(conn, user_id)
-        counts = await store.forget_user_memories(conn, user_id) | {"memory_versions": versions}
-        self.desk_cache.discard_owner(user_id)
-        return counts
+        return await store.forget_user_memories(conn, user_id) | {"memory_versions": versions}

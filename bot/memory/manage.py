@@ -10,7 +10,6 @@ Every refusal is a `Refusal` whose message is one sentence a person can act on.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
@@ -301,10 +300,6 @@ class MemoryManager:
             doc["scope"] = ref.scope.value
         doc["memories"] = [self._export_entry(memory, versions.get(memory.id)) for memory in memories]
         return doc
-
-    @staticmethod
-    def to_bytes(doc: dict[str, Any]) -> bytes:
-        return (json.dumps(doc, ensure_ascii=False, indent=2) + "\n").encode("utf-8")
 
     def parse_import(self, ref: ListRef, raw: bytes, *, known_channel_ids: Collection[int] | None = None) -> ImportPlan:
         """Validate a whole file before anything is written (`bot.memory.transfer`); the first problem is a Refusal."""

@@ -6,20 +6,17 @@ SQL lives in `search_store`; the rules are in docs/memory-rules.md ("The search 
 from __future__ import annotations
 
 import logging
-from datetime import UTC, date
 
 import asyncpg
 
 from bot.clock import Clock, utc_now
 from bot.config import Settings
-from bot.db import SERVER_STARTS
 from bot.embeddings.service import Embeddings
 from bot.lexical import lexical_query
 from bot.memory import search_store
 from bot.memory.decay import Decay
-from bot.memory.desk_cache import DeskCache, prompt_order
 from bot.memory.desk_ranks import DeskRanks
-from bot.memory.models import Conversation, Memory, Recall, ScoredMemory
+from bot.memory.models import Conversation, Memory, MemoryList, Recall, ScoredMemory
 from bot.memory.visibility import context_words
 from bot.servers.service import Servers
 
@@ -28,23 +25,20 @@ log = logging.getLogger(__name__)
 NEVER = 2**31 - 1  # "days_unused below this" = every memory, for the desk when nothing decays
 
 
+def prompt_order(memory: Memory) -> tuple[bool, int, int]:
+    """Prompt order of the desk: server memories by id, then personal memories grouped by user, each by id."""
+    return (memory.list != MemoryList.SERVER, memory.owner_id or 0, memory.id)
+
+
 def desk_order(memories: list[Memory]) -> list[Memory]:
-    """Prompt order: server memories by id, then personal memories grouped by user, each by id."""
     return sorted(memories, key=prompt_order)
 
 
 class ReplySearch:
-    """The search every reply runs, with the desk cache it shares with the writes and the desk's day-frozen ranks."""
+    """The search every reply runs, and the desk's day-frozen ranks."""
 
     def __init__(
-        self,
-        pool: asyncpg.Pool,
-        embeddings: Embeddings,
-        settings: Settings,
-        clock: Clock,
-        servers: Servers,
-        decay: Decay,
-        desk_cache: DeskCache,
+        self, pool: asyncpg.Pool, embeddings: Embeddings, settings: Settings, clock: Clock, servers: Servers, decay: Decay
     ) -> None:
         self.pool = pool
         self.embeddings = embeddings
@@ -52,25 +46,8 @@ class ReplySearch:
         self.clock = clock
         self.servers = servers
         self.decay = decay
-        # desk memories already built, so each reply's search returns only what changed (exact:
-        # checked against row versions by the statement; see bot/memory/desk_cache.py)
-        self.desk_cache = desk_cache
-        self._server_starts = SERVER_STARTS.changes
         # which desk memories the prompt keeps first when the desk outgrows its budget (frozen per chat day)
         self.desk_ranks = DeskRanks()
-
-    def was_on_desk_this_morning(self, memory: Memory, today: date) -> bool:
-        """DESK_REFRESH=daily: whether the memory was active when today's first reply began.
-
-        Derived from the counters: a memory saved, edited or recalled today (`desk_changed_on`)
-        joined the desk today; one aged today was one day younger this morning; any other memory
-        is as it was this morning (a reset of an active memory leaves it active).
-        """
-        if memory.desk_changed_on == today or memory.created_at.astimezone(UTC).date() >= today:
-            return False
-        used_today = memory.last_used_at is not None and memory.last_used_at.astimezone(UTC).date() == today
-        aged_today = memory.last_aged_on == today and not used_today
-        return memory.days_unused - (1 if aged_today else 0) < self.settings.dormant_after_days
 
     async def reply_search(self, conversation: Conversation) -> Recall:
         """One embedding of the latest message, then one statement that reads, scores and ages."""
@@ -81,13 +58,7 @@ class ReplySearch:
         decays = self.decay.active
         daily = decays and self.settings.desk_refresh == "daily"
         dormant_after = self.settings.dormant_after_days
-        parts = DeskCache.parts(conversation.guild_id, persona, conversation.participants)
-        held = self.desk_cache.held(parts, today)
         async with self.pool.acquire() as conn:
-            if SERVER_STARTS.changes != self._server_starts:  # the server restarted: held versions prove nothing
-                self._server_starts = SERVER_STARTS.changes
-                self.desk_cache.clear()
-                held = {}
             rows = await search_store.reply_search(
                 conn,
                 guild_id=conversation.guild_id,
@@ -107,50 +78,31 @@ class ReplySearch:
                 dormant_after=dormant_after,
                 lexical=lexical_query(conversation.text) if decays and self.settings.lexical_weight > 0 else None,
                 lexical_weight=self.settings.lexical_weight,
-                known_ids=list(held),
-                known_stamps=[entry[0] for entry in held.values()],
             )
-        # the snapshot comes in prompt order (desk_order), so the desk needs no sorting
-        snapshot, similarities = self.desk_cache.resolve(parts, held, rows, today)
         desk: list[Memory] = []
         used: list[ScoredMemory] = []
         recalled: list[ScoredMemory] = []
         held_back: list[ScoredMemory] = []
-        if not daily:
-            # the desk is the snapshot's active memories, in its order; the few matches are looked
-            # at on their own (a comprehension instead of a Python loop step per desk memory)
-            desk = [m for m in snapshot if m.days_unused < dormant_after] if decays else snapshot
-            for used_similarity, match, memory in similarities.values():
-                scored = ScoredMemory(memory, float(match) if match is not None else 0.0)
-                if match is not None and decays and memory.days_unused >= dormant_after:
-                    recalled.append(scored)
-                if used_similarity is not None:
-                    used.append(scored)
-        for memory in snapshot if daily else ():
-            dormant = decays and memory.days_unused >= dormant_after  # self.is_dormant, inlined: ~60 per reply
-            on_desk = self.was_on_desk_this_morning(memory, today)
-            found = similarities.get(memory.id)
-            if found is None:  # most of the snapshot: neither used nor a match
-                if on_desk:
-                    desk.append(memory)
-                elif not dormant:
-                    held_back.append(ScoredMemory(memory, 0.0))
-                continue
-            used_similarity, match, _ = found
+        for row in rows:
+            memory = Memory.from_row(row)
+            dormant = self.decay.is_dormant(memory)
+            match = row["match_similarity"]
             scored = ScoredMemory(memory, float(match) if match is not None else 0.0)
+            on_desk = row["on_desk_this_morning"] if daily else not dormant
             if on_desk:
                 desk.append(memory)
             elif match is not None and dormant:
                 recalled.append(scored)
-            elif not dormant:
+            elif not dormant:  # DESK_REFRESH=daily: joined the desk today, shown after it
                 held_back.append(scored)
-            if used_similarity is not None:
+            if row["used_similarity"] is not None:
                 used.append(scored)
         best_first = lambda items: sorted(items, key=lambda s: (-s.similarity, s.memory.id))  # noqa: E731
         by_text: list[ScoredMemory] = []
         if vector is None and decays:  # the search failed: the drawer can still be read by its words
             shown = [m.id for m in desk] + [s.memory.id for s in held_back]
             by_text = await self._found_by_text(conversation, persona, shown)
+        desk = desk_order(desk)
         return Recall(
             search_ok=vector is not None,
             failure=failure,

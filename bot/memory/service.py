@@ -10,8 +10,7 @@
 - `updates` (`bot.memory.updates.ModelUpdates`): the model's updates (applied, or saved beside the memory they
   would have erased) and what the day-end notes read.
 
-The parts share the desk cache (the search fills it, every write lets go of what it deleted). SQL
-lives in `store` and `search_store`, imported only by this package. The rules are in
+SQL lives in `store` and `search_store`, imported only by this package. The rules are in
 docs/memory-rules.md.
 """
 
@@ -29,7 +28,6 @@ from bot.embeddings.service import Embeddings
 from bot.memory import store
 from bot.memory.bulk import BulkWrites
 from bot.memory.decay import Decay
-from bot.memory.desk_cache import DeskCache
 from bot.memory.lists import ImportEntry, ListRef
 from bot.memory.models import Conversation, Memory, NewMemory, Recall, SaveResult, Source
 from bot.memory.recall import ReplySearch
@@ -58,10 +56,9 @@ class MemoryCore:
         self.clock: Clock = clock or SystemClock()
         self.servers = servers or Servers(pool, settings)
         self.decay = Decay(settings, embeddings)
-        self.desk_cache = DeskCache()
-        self.search = ReplySearch(pool, embeddings, settings, self.clock, self.servers, self.decay, self.desk_cache)
-        self.writes = MemoryWrites(pool, embeddings, settings, self.clock, self.servers, self.decay, self.desk_cache)
-        self.bulk = BulkWrites(pool, embeddings, settings, self.clock, self.desk_cache)
+        self.search = ReplySearch(pool, embeddings, settings, self.clock, self.servers, self.decay)
+        self.writes = MemoryWrites(pool, embeddings, settings, self.clock, self.servers, self.decay)
+        self.bulk = BulkWrites(pool, embeddings, settings, self.clock)
         self.vectors = MemoryVectors(pool, embeddings)
         self.updates = ModelUpdates(pool, embeddings, settings, self.servers, self.writes)
 

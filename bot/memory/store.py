@@ -494,8 +494,7 @@ async def forget_user_memories(conn: Connection, user_id: int) -> dict[str, int]
     """A user's part of delete-my-data among memories (inside the caller's transaction).
 
     Personal memories go with their vectors (ON DELETE CASCADE); server memories the user added
-    stay (they belong to the server) but no longer name their author. Returns the deleted ids too,
-    so the desk cache can let go of them.
+    stay (they belong to the server) but no longer name their author.
     """
     gone = await conn.fetch("DELETE FROM memories WHERE list = 'personal' AND owner_id = $1 RETURNING id", user_id)
     authored = await conn.execute("UPDATE memories SET created_by = NULL WHERE created_by = $1", user_id)

@@ -1,7 +1,7 @@
 """Inputs of the hiding rules (docs/memory-rules.md) that are computed from text rather than stored state.
 
 The stored rules (privacy, blocklist, personal memories off, channel limits, persona) are applied
-inside the search statement in `store.py`; this module prepares what that statement needs and
+inside the search statement (`hiding_sql.py`, used by `search_store.py`); this module prepares what that statement needs and
 validates what people type, so both the bot and commands use one definition of "a tag" and
 "a valid memory text".
 """
