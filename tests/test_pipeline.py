@@ -267,7 +267,7 @@ async def test_tool_rounds_are_bounded(make_pipeline: MakePipeline, chat: FakeCh
     for number in range(5):
         chat.tool_calls(("save_memory", {"text": f"Fact number {number}", "list": "server"}))
     outcome = await pipeline.reply(message(JUNO, "save everything", clock=clock))
-    assert outcome.receipt.tool_rounds == 2 and len(chat.requests) == 3
+    assert outcome.receipt.tool_rounds == 2 and len(chat.requests) == 4  # two rounds, the answer asked for twice
     # the answer is asked for with no tools at all: a model that still sees them writes another call
     assert "tools" not in chat.requests[-1] and "tool_choice" not in chat.requests[-1]
     assert all("tools" in request for request in chat.requests[:2])

@@ -119,7 +119,8 @@ async def test_a_model_that_never_stops_calling_tools_is_cut_off_with_an_answer(
     for number in range(10):  # it calls even when asked for the answer with no tools offered
         chat.tool_calls(("save_memory", {"text": f"Loop fact number {number}", "list": "server"}))
     outcome = await pipeline.reply(said("remember everything forever", clock))
-    assert len(chat.requests) == 2 and "tools" not in chat.requests[-1]  # one round, then the answer
+    # one round, then the answer, asked for twice: no tools in either
+    assert len(chat.requests) == 3 and "tools" not in chat.requests[1] and "tools" not in chat.requests[2]
     assert [change.kind for change in outcome.changes] == [ChangeKind.SAVED]  # the answer's calls are not run
     assert sorted(m.text for m in await pipeline.core.all_memories()) == ["Loop fact number 0"]
     # never silence, never tool JSON: a short sentence of what was done
@@ -143,9 +144,10 @@ async def test_a_model_that_never_stops_calling_tools_is_cut_off_with_an_answer(
 async def test_empty_or_broken_answers_get_a_short_apology(
     pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock, answer: str
 ) -> None:
-    chat.raw(answer)
+    chat.raw(answer).raw(answer)  # an empty answer is asked for once more
     outcome = await pipeline.reply(said("hello?", clock))
     assert outcome.status == ReplyStatus.MODEL_ERROR and outcome.chunks in ([APOLOGY], [EMPTY_ANSWER])
+    chat.script.clear()
     assert all(0 < len(chunk) < 200 for chunk in outcome.chunks)
     assert (await pipeline.reply(said("still there?", clock))).chunks == ["ok"]
 
