@@ -250,6 +250,10 @@ async def run_steps(
                 "forgotten": forgotten[0] if forgotten else None,
                 "rejected": result.rejected.value if result.rejected else None,
             }
+            for merge in result.merged:  # the absorbed label is gone; its text lives on in the kept memory
+                absorbed = label_of.pop(merge.absorbed.id, None)
+                id_of.pop(absorbed or "", None)
+                out.setdefault("merged", []).append([absorbed, label_of.get(merge.kept.id)])
         elif op in ("edit", "delete"):
             label = step["memory"]
             if label not in id_of:
