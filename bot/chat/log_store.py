@@ -251,6 +251,7 @@ async def window_context(
     """
     asked = sorted(set(user_ids))
     row = await conn.fetchrow(WINDOW_CONTEXT_SQL, channel_id, answered_message_id, context_messages, asked)
+    assert row is not None  # the statement always returns its row
     window = json.loads(row["recent"]) if row["recent"] else []
     return {
         "window": window,

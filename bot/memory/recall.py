@@ -34,6 +34,10 @@ def desk_order(memories: list[Memory]) -> list[Memory]:
     return sorted(memories, key=prompt_order)
 
 
+def best_first(items: list[ScoredMemory]) -> list[ScoredMemory]:
+    return sorted(items, key=lambda s: (-s.similarity, s.memory.id))
+
+
 class ReplySearch:
     """The search every reply runs, and the desk's day-frozen ranks."""
 
@@ -97,7 +101,6 @@ class ReplySearch:
                 held_back.append(scored)
             if row["used_similarity"] is not None:
                 used.append(scored)
-        best_first = lambda items: sorted(items, key=lambda s: (-s.similarity, s.memory.id))  # noqa: E731
         by_text: list[ScoredMemory] = []
         if vector is None and decays:  # the search failed: the drawer can still be read by its words
             shown = [m.id for m in desk] + [s.memory.id for s in held_back]
@@ -110,7 +113,7 @@ class ReplySearch:
             desk=desk,
             used=best_first(used),
             recalled=best_first(recalled),
-            query_vector=vector,  # type: ignore[arg-type]
+            query_vector=vector,
             held_back=best_first(held_back),
             by_text=by_text,
             desk_ranks=self.desk_ranks.ranks(conversation.guild_id, persona, desk, today),

@@ -147,7 +147,7 @@ class MemoryWrites:
                 owner_id=request.owner_id,
                 normalized=store.normalized_text(text),
                 space=space,
-                vector=vector,  # type: ignore[arg-type]
+                vector=vector,
                 where=store.seen_in(request.conversation, request.guild_id, persona),
             )
             repeated = next((m for m, same, cos in closest if self._repeats(m, request, tags, same, cos)), None)
@@ -196,7 +196,7 @@ class MemoryWrites:
                 today=today,
             )
             if vector is not None and space is not None:
-                await store.store_vector(conn, saved.id, space, vector, text)  # type: ignore[arg-type]
+                await store.store_vector(conn, saved.id, space, vector, text)
             if request.source_messages:
                 await store.set_memory_sources(conn, saved.id, request.source_messages)
         if vector is None and space is not None:
@@ -309,7 +309,7 @@ class MemoryWrites:
                 await store.set_memory_tags(conn, memory_id, tags, now)
                 updated = await store.get_memory(conn, memory_id) or updated
             if vector is not None and space is not None:
-                await store.store_vector(conn, memory_id, space, vector, cleaned)  # type: ignore[arg-type]
+                await store.store_vector(conn, memory_id, space, vector, cleaned)
         if vector is None and space is not None:
             self.embeddings.want_vectors()
         return SaveResult(saved=updated, forgotten=[], rejected=None, detail="edited", replaced_text=current.text)

@@ -302,10 +302,9 @@ def format_report(
     focus = report.best.threshold if configured is None else configured
     kinds = []
     for kind, rows in report.by_kind.items():
-        row = next((r for r in rows if abs(r.threshold - focus) < 1e-6), None)
-        if row is not None:
-            matched = row.tp + row.fp
-            kinds.append(f"{kind} {matched}/{row.total}")
+        at_focus = next((r for r in rows if abs(r.threshold - focus) < 1e-6), None)
+        if at_focus is not None:
+            kinds.append(f"{kind} {at_focus.tp + at_focus.fp}/{at_focus.total}")
     if kinds:
         lines += ["", f"pairs at or above {_fmt(focus)}, by kind: " + ", ".join(kinds)]
     best = report.best

@@ -174,12 +174,14 @@ class SwitchableEmbedder:
 
     @property
     def space(self) -> EmbeddingSpace | None:
-        return self.inner.space
+        space: EmbeddingSpace | None = self.inner.space
+        return space
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not self.available:
             raise EmbeddingError("the embedding provider is unavailable (scenario)")
-        return await self.inner.embed(texts)
+        vectors: np.ndarray = await self.inner.embed(texts)
+        return vectors
 
 
 @dataclass
