@@ -250,3 +250,14 @@ class SaveResult:
             return None
         kind = InvalidInput if self.rejected == Rejection.INVALID_TEXT else NotAllowed
         return kind(self.detail, reason=self.rejected.value)
+
+
+def done_or_refused(result: SaveResult, refused: str) -> SaveResult:
+    """A command's change either happened or is raised as a refusal saying what did not happen ("not saved: ...").
+
+    Commands go through the one family of refusals; only the model's tools read refusals as results.
+    """
+    refusal = result.refusal
+    if refusal is not None:
+        raise type(refusal)(f"{refused}: {refusal.sentence}", reason=refusal.reason)
+    return result

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 
-from bot.errors import InvalidInput, Refusal
+from bot.errors import InvalidInput
 from bot.ids import parse_id
 from bot.memory.lists import ImportEntry, ImportPlan, ListRef
 from bot.memory.models import MemoryList
@@ -29,43 +29,43 @@ def _snowflake(value: object, where: str) -> int:
 def parse_import(
     ref: ListRef, raw: bytes, *, max_chars: int, limit: int, max_bytes: int, known_channel_ids: Collection[int] | None = None
 ) -> ImportPlan:
-    """Validate a whole file before anything is written; the first problem is a Refusal.
+    """Validate a whole file before anything is written; the first problem is an InvalidInput.
 
     `known_channel_ids` (a server's channels) drops channel limits that name channels which
     are not in this server: such a memory could never be used here.
     """
     if len(raw) > max_bytes:
-        raise Refusal(
+        raise InvalidInput(
             f"the file has {len(raw):,} bytes; imports are limited to {max_bytes:,} (IMPORT_MAX_BYTES)"
         )
     try:
         doc = json.loads(raw.decode("utf-8-sig"))
     except UnicodeDecodeError:
-        raise Refusal("the file is not UTF-8 text; import a file made by an export command") from None
+        raise InvalidInput("the file is not UTF-8 text; import a file made by an export command") from None
     except json.JSONDecodeError as exc:
-        raise Refusal(f"the file is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        raise InvalidInput(f"the file is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
     except (ValueError, RecursionError):  # a number of thousands of digits, or arrays nested thousands deep
-        raise Refusal("the file is not a Deskmate memory export (nested too deeply, or absurdly long numbers)") from None
+        raise InvalidInput("the file is not a Deskmate memory export (nested too deeply, or absurdly long numbers)") from None
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
-        raise Refusal(f'the file is not a Deskmate memory export (it needs "format": "{EXPORT_FORMAT}")')
+        raise InvalidInput(f'the file is not a Deskmate memory export (it needs "format": "{EXPORT_FORMAT}")')
     version = doc.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise Refusal('the file has no valid "version" (a whole number; this Deskmate writes version 1)')
+        raise InvalidInput('the file has no valid "version" (a whole number; this Deskmate writes version 1)')
     if version > EXPORT_VERSION:
-        raise Refusal(
+        raise InvalidInput(
             f"the file was made by a newer Deskmate (format version {version}); this one reads version {EXPORT_VERSION}"
         )
     kind = doc.get("list")
     if kind not in (MemoryList.SERVER.value, MemoryList.PERSONAL.value):
-        raise Refusal('the file must say which list it holds: "list": "server" or "personal"')
+        raise InvalidInput('the file must say which list it holds: "list": "server" or "personal"')
     if kind != ref.list.value:
         command = "/memories import" if kind == MemoryList.SERVER.value else "/personal memories import"
-        raise Refusal(f"the file holds {kind} memories; import it with {command}")
+        raise InvalidInput(f"the file holds {kind} memories; import it with {command}")
     memories = doc.get("memories")
     if not isinstance(memories, list):
-        raise Refusal('the file needs a "memories" list')
+        raise InvalidInput('the file needs a "memories" list')
     if len(memories) > limit:
-        raise Refusal(f"the file has {len(memories)} memories; a list holds at most {limit}")
+        raise InvalidInput(f"the file has {len(memories)} memories; a list holds at most {limit}")
 
     entries: list[ImportEntry] = []
     seen: set[tuple[bool, str]] = set()
@@ -75,10 +75,10 @@ def parse_import(
         if isinstance(item, str):
             item = {"text": item}
         if not isinstance(item, dict):
-            raise Refusal(f"{where}: each memory must be an object with a \"text\" (or just a string)")
+            raise InvalidInput(f"{where}: each memory must be an object with a \"text\" (or just a string)")
         text = item.get("text")
         if not isinstance(text, str):
-            raise Refusal(f'{where}: "text" must be a string')
+            raise InvalidInput(f'{where}: "text" must be a string')
         try:
             cleaned = clean_text(text, max_chars)
             tags_raw = item.get("tags", [])
@@ -86,10 +86,10 @@ def parse_import(
                 raise InvalidInput('"tags" must be a list of strings')
             tags = normalize_tags(tags_raw)
         except InvalidInput as exc:
-            raise Refusal(f"{where}: {exc}") from None
+            raise InvalidInput(f"{where}: {exc}") from None
         channels_raw = item.get("channel_ids", [])
         if not isinstance(channels_raw, list):
-            raise Refusal(f'{where}: "channel_ids" must be a list')
+            raise InvalidInput(f'{where}: "channel_ids" must be a list')
         channels = tuple(dict.fromkeys(_snowflake(value, where) for value in channels_raw))
         if channels and known_channel_ids is not None:
             kept = tuple(channel for channel in channels if channel in known_channel_ids)
@@ -100,7 +100,7 @@ def parse_import(
         if ref.list == MemoryList.PERSONAL:
             scope = item.get("scope", "persona")
             if scope not in ("global", "persona"):
-                raise Refusal(f'{where}: "scope" must be "global" or "persona"')
+                raise InvalidInput(f'{where}: "scope" must be "global" or "persona"')
             is_global = scope == "global"
         key = (is_global, cleaned.casefold())
         if key in seen:
