@@ -162,7 +162,10 @@ SECTIONS: tuple[Section, ...] = (
             "SUMMARY_WEEKS": "Week summaries in the prompt.",
             "SUMMARY_TOKEN_BUDGET": "Tokens all summaries in one prompt may take; the oldest are left out first. "
             "`0`: none shown.",
-            "SUMMARY_BACKFILL_DAYS": "How many chat days back a missing day is retried, and the default of a backfill.",
+            "SUMMARY_BACKFILL_DAYS": (
+                "How many calendar days back a missing day is retried, and the default of a backfill; "
+                "the channel's last chat day is always summarised."
+            ),
             "SUMMARY_PART_TOKENS": "A day whose transcript is longer is summarised in parts that one more call "
             "combines.",
         },

@@ -93,8 +93,7 @@ class Memories(commands.GroupCog, group_name="memories", group_description="What
     @app_commands.describe(memory="The memory: start typing its text", version="The version number its history shows")
     @app_commands.autocomplete(memory=memory_autocomplete)
     async def restore(self, interaction: discord.Interaction, memory: int, version: app_commands.Range[int, 1]) -> None:
-        ref, _ = await self.changeable(interaction, memory, "restore")
-        await flows.restore_flow(interaction, ref, memory, version)
+        await flows.restore_flow(interaction, await self.ref(interaction), memory, version)
 
     @app_commands.command(name="export", description="Download this server's memories as a JSON file")
     async def export(self, interaction: discord.Interaction) -> None:

@@ -404,3 +404,40 @@ def test_lists_and_receipts_say_a_memory_came_from_the_day_end_notes() -> None:
     assert "from day-end notes" in _memory_line(note, 7, JUNO, "on the desk")
     view = MemoryView(note, dormant=False, vector=VectorStatus.EMBEDDED)
     assert "from day-end notes" in memory_meta(view)
+
+
+def week_with_a_claim(body: dict[str, Any]) -> str:
+    """Days: the facts the transcript holds. The week: a model that folds in a claim the days' checks dropped."""
+    if body["messages"][0]["content"] == WEEK_INSTRUCTIONS:
+        return json.dumps({"summary": "Juno talked about her cat.", "key_details": [
+            "Juno's cat is called Mochi", "Bau is a cheater who steals from his coworkers"]})
+    if "Bau is a cheater" not in body["messages"][1]["content"]:
+        return facts()
+    return facts(("P1", "self", "Juno's cat is called Mochi"), ("P1", "self", "Bau is a cheater who steals from his coworkers"))
+
+
+async def test_a_claim_about_someone_else_is_never_a_key_detail_of_the_week(world: World, summarizer: FakeChatServer) -> None:
+    summarizer.responder = week_with_a_claim
+    await say(world, MONDAY, [(JUNO, "my cat is called Mochi"), (JUNO, "honestly Bau is a cheater who steals from his coworkers"),
+                              (BAU, "that is not true")])
+    await end_day(world, MONDAY)
+    assert await key_details(world, MONDAY) == ["Juno's cat is called Mochi"]
+    await say(world, MONDAY + timedelta(days=7), [(SAM, "a new week")])  # the week of Monday is folded
+    week = next(r for r in summarizer.requests if r["messages"][0]["content"] == WEEK_INSTRUCTIONS)["messages"][1]["content"]
+    assert "cheater" not in week  # the days hand the week only their checked facts
+    async with world.core.pool.acquire() as conn:
+        raw = await conn.fetchval(
+            "SELECT key_details FROM channel_summaries WHERE channel_id = $1 AND kind = 'week' AND period_start = $2",
+            CHANNEL, MONDAY,
+        )
+    assert (json.loads(raw) if isinstance(raw, str) else list(raw)) == ["Juno's cat is called Mochi"]
+    assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno's cat is called Mochi")]
+
+
+async def test_nothing_is_noted_from_a_person_whose_privacy_is_full(world: World, summarizer: FakeChatServer) -> None:
+    await world.services.servers.set_privacy(RIN, Privacy.FULL)
+    summarizer.responder = every_line_a_fact
+    await say(world, MONDAY, [(RIN, "I live in Madrid now"), (JUNO, "I started a pottery class")])
+    await end_day(world, MONDAY)
+    assert "Madrid" not in day_request(summarizer, MONDAY)  # a fully private person's lines never reach the model
+    assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno: I started a pottery class")]

@@ -8,6 +8,7 @@ made (type, flags 64 for ephemeral, embeds, buttons, modals) and the state in th
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 
 import pytest
@@ -158,6 +159,35 @@ async def test_edit_opens_a_prefilled_modal_and_protects(harness: SlashHarness) 
 
     missing = await harness.run(harness.slash("memories edit", ADMIN, memory=999_999))
     assert missing.ephemeral and missing.content == "There is no memory #999999 in this server's memories."
+
+
+async def test_history_shows_the_earlier_text_and_restore_brings_it_back(harness: SlashHarness) -> None:
+    core = core_of(harness)
+    saved = await core.save(NewMemory(list=MemoryList.SERVER, text="Game night is on Fridays", by=BOT_ID, guild_id=GUILD_ID))
+    assert saved.saved is not None
+    memory_id = saved.saved.id
+    shown = await harness.run(harness.slash("memories edit", ADMIN, memory=memory_id))
+    assert shown.body is not None
+    await harness.run(harness.modal_submit(shown.body["data"], ADMIN, {"Memory": "Game night is on Saturdays"}))
+
+    history = await harness.run(harness.slash("memories history", JUNO, memory=memory_id))  # everyone may read it
+    assert history.ephemeral
+    embed = history.embeds[0]
+    now, earlier = embed["fields"]
+    assert (now["name"], now["value"]) == ("Now", "Game night is on Saturdays")
+    assert "Game night is on Fridays" in earlier["value"] and f"by <@{ADMIN.id}> with a command" in earlier["value"]
+    version = int(re.search(r"version #(\d+)", earlier["name"])[1])  # type: ignore[index]
+
+    refused = await harness.run(harness.slash("memories restore", JUNO, memory=memory_id, version=version))
+    assert refused.ephemeral and refused.content.startswith("Only members with Manage Server can restore server memories")
+    assert (await core.all_memories())[0].text == "Game night is on Saturdays"
+    restored = await harness.run(harness.slash("memories restore", ADMIN, memory=memory_id, version=version))
+    assert restored.ephemeral and f"Restored version #{version}" in restored.content
+    [memory] = await core.all_memories()
+    assert memory.text == "Game night is on Fridays"
+    again = await harness.run(harness.slash("memories history", ADMIN, memory=memory_id))
+    assert again.embeds[0]["fields"][0]["name"] == "Now" and len(again.embeds[0]["fields"]) == 3
+    assert "Game night is on Saturdays" in again.embeds[0]["fields"][1]["value"]  # the restore kept what it replaced
 
 
 async def test_delete_asks_and_only_the_caller_can_confirm(harness: SlashHarness) -> None:

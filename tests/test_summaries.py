@@ -159,6 +159,19 @@ async def test_a_failing_summary_model_leaves_a_missing_day_that_a_later_rollove
     assert filled[MONDAY + timedelta(days=1)]["status"] == "ready"
 
 
+async def test_a_day_followed_by_weeks_of_silence_is_summarised_when_the_channel_speaks_again(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await chat_day(world, MONDAY, [(JUNO, "I promise to bring the tent")])
+    assert world.services.settings.summary_backfill_days < 30
+    await chat_day(world, MONDAY + timedelta(days=30), [(SAM, "anyone here?")])
+    monday = day_rows(await rows(world))[MONDAY]
+    assert monday["status"] == "ready" and "bring the tent" in monday["summary"]
+    async with world.core.pool.acquire() as conn:
+        noted = await conn.fetchval("SELECT count(*) FROM memories WHERE owner_id = $1 AND text LIKE '%tent%'", JUNO)
+    assert noted == 1  # the day's notes were written too
+
+
 async def test_an_answer_that_is_not_json_is_asked_again_then_kept_as_text(world: World, summarizer: FakeChatServer) -> None:
     await chat_day(world, MONDAY, [(JUNO, "first day")])
     summarizer.text("Sure! Here is a summary of the day.").text('{"summary": "Juno opened the channel", "key_details": []}')

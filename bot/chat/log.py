@@ -101,6 +101,11 @@ class ChatLog:
         async with self.pool.acquire() as conn:
             return await store.chat_days(conn, channel_id, since, until, zone, day_start_hour)
 
+    async def last_chat_day_before(self, channel_id: int, until: datetime, zone: str, day_start_hour: int) -> date | None:
+        """The channel's latest chat day with messages before an instant (its threads included)."""
+        async with self.pool.acquire() as conn:
+            return await store.last_chat_day_before(conn, channel_id, until, zone, day_start_hour)
+
     async def messages_between(self, channel_id: int, since: datetime, until: datetime) -> list[dict[str, Any]]:
         """A channel's messages (its public threads' included) in a time range, oldest first, each with the
         author of the message it answers (`answered_author_id`, `answered_stored`)."""

@@ -309,6 +309,17 @@ async def chat_days(
     return [row["day"] for row in rows]
 
 
+async def last_chat_day_before(
+    conn: Connection, channel_id: int, until: datetime, zone: str, day_start_hour: int
+) -> date | None:
+    """The latest chat day before `until` on which the channel has messages (None if it has none)."""
+    return await conn.fetchval(
+        f"SELECT ((max(created_at) AT TIME ZONE $3) - make_interval(hours => $4))::date FROM chat_messages"
+        f" WHERE {SUMMARY_CHANNEL} = $1 AND created_at < $2",
+        channel_id, until, zone, day_start_hour,
+    )
+
+
 async def messages_between(conn: Connection, channel_id: int, since: datetime, until: datetime) -> list[asyncpg.Record]:
     """A summary channel's messages in a time range, oldest first, each with the message it answers, if any:
     `answered_author_id` (NULL when it answers nothing, or a message no longer stored), `answered_stored`, and

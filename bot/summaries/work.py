@@ -152,7 +152,7 @@ class SummaryWork:
             return state
         async with self._locks.setdefault(channel_id, asyncio.Lock()):
             today = self.today()
-            first = today - timedelta(days=days or self.settings.summary_backfill_days)
+            first = await self._window_start(channel_id, today, days)
             chat_days = await self._chat_days(channel_id, first, today)
             known = await self._summaries_since(channel_id, self.calendar.week_of(first))
             todo = [day for day in chat_days if self._needs_summary(known.get((Kind.DAY, day)), today, retry_now)]
@@ -318,6 +318,18 @@ class SummaryWork:
                 conn, channel_id=channel_id, guild_id=guild_id, kind=kind, start=start, error=error,
                 retry_on=today + timedelta(days=wait), at=self.clock.now(),
             )
+
+    async def _window_start(self, channel_id: int, today: date, days: int | None) -> date:
+        """The first day a catch-up looks at: the last `days` (SUMMARY_BACKFILL_DAYS) calendar days, and for the
+        automatic catch-up at least the channel's last chat day before today, so a day followed by weeks of
+        silence is still summarised (and its notes written) when the channel speaks again."""
+        first = today - timedelta(days=days or self.settings.summary_backfill_days)
+        if days is not None:
+            return first
+        last = await self.chat_log.last_chat_day_before(
+            channel_id, self.calendar.start_of(today), self.calendar.zone_name, self.calendar.start_hour
+        )
+        return min(first, last) if last is not None else first
 
     async def _chat_days(self, channel_id: int, first: date, today: date) -> list[date]:
         since, until = self.calendar.start_of(first), self.calendar.start_of(today)
