@@ -115,7 +115,12 @@ async def main(args: argparse.Namespace) -> int:
             results.pop("locomo_note", None)
             say("== 3. LoCoMo")
             try:
-                results["locomo"] = await locomo.run(server, say, quick=quick, conversations=args.locomo_conversations)
+                chosen_locomo = [v for v in locomo.VARIANTS if v.name in args.locomo_variants.split(",")] \
+                    if args.locomo_variants else None
+                found_locomo = await locomo.run(server, say, quick=quick, conversations=args.locomo_conversations,
+                                                variants=chosen_locomo)
+                # a subset of the variants refreshes those and keeps the others' figures
+                results["locomo"] = {**results.get("locomo", {}), **found_locomo} if chosen_locomo else found_locomo
                 if not results["locomo"]:
                     results["locomo_note"] = f"LoCoMo skipped: {locomo.LOCOMO_PATH} is missing."
                 elif quick or args.locomo_conversations:
@@ -129,7 +134,9 @@ async def main(args: argparse.Namespace) -> int:
                 chosen = [v for v in (*crowd.CROWD_VARIANTS, *crowd.EXTRA_VARIANTS) if v.name in args.crowd_variants.split(",")] \
                     if args.crowd_variants else None
                 limits = args.crowd_limits.split(",") if args.crowd_limits else tuple(crowd.LIMITS)
-                results["crowd"] = await crowd.run(server, say, quick=quick, variants=chosen, limits=limits)
+                found_crowd = await crowd.run(server, say, quick=quick, variants=chosen, limits=limits)
+                partial = chosen is not None or args.crowd_limits
+                results["crowd"] = {**results.get("crowd", {}), **found_crowd} if partial else found_crowd
                 results["crowd_note"] = "quick run: one server of five conversations" if quick else ""
             except Exception as exc:
                 errors.append(f"crowded server: {type(exc).__name__}: {exc}")
@@ -177,6 +184,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--sections",
         help="comma-separated subset of recall,throughput,locomo,crowd,e2e; the others are kept from bench/results.json",
     )
+    parser.add_argument("--locomo-variants", help="comma-separated subset of the LoCoMo variants (development)")
     parser.add_argument("--crowd-variants", help="comma-separated subset of the crowded-server variants (development)")
     parser.add_argument("--crowd-limits", help="unlimited and/or limit100 (development; both by default)")
     parser.add_argument("--e2e-size", choices=tuple(e2e.SIZES),

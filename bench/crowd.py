@@ -70,6 +70,7 @@ CROWD_VARIANTS: tuple[Variant, ...] = (
             {"desk_fit": "prefix", "tail_reserve": 0.0}),
     Variant("decay_used3", "MAX_USED=3 (SPEC's value)", {"max_used": 3}),
     Variant("decay_r25", "TAIL_RESERVE=0.25", {"tail_reserve": 0.25}),
+    Variant("decay_nomerge", "merging off (MERGE_MAX_CHARS=0): a full list forgets at once", {"merge_max_chars": 0}),
 )
 # tried during development (`--crowd-variants`), each at the values it names; docs/benchmarks.md has their figures
 EXTRA_VARIANTS: tuple[Variant, ...] = (
@@ -251,6 +252,7 @@ async def run_variant(
         chat_days = sorted({day for spread in days for day in spread})
         for number, today in enumerate(chat_days, 1):
             clock.set_date(today)
+            tally.chat_days += len(replays)
             for replay in replays:
                 await replay.day(today)
             if number % 10 == 0:

@@ -169,6 +169,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("decay", "the defaults, list limits large enough to hold every fact"),
     Variant("decay_l100", "the defaults with the default list limits (100)",
             {"personal_memory_limit": 100, "server_memory_limit": 100}),
+    Variant("decay_l100_nomerge", "the default list limits with merging off (MERGE_MAX_CHARS=0): forgetting alone",
+            {"personal_memory_limit": 100, "server_memory_limit": 100, "merge_max_chars": 0}),
     Variant("all_active", "MEMORY_DECAY_ENABLED=false: every memory on the desk", {"memory_decay_enabled": False}),
     Variant("topk3", "no desk: the best 3 memories by cosine similarity, near the end",
             {**SPEC_RULES, "max_used": 3, "min_similarity": -1.0}, retrieval=3),
@@ -206,6 +208,8 @@ class Tally:
     all_gold: int = 0
     forgotten: int = 0
     rejected: int = 0
+    merged: int = 0
+    chat_days: int = 0  # per server (a list's owner-days): merges per day = merged / chat_days
     skipped_questions: int = 0
     recalled: int = 0
 
@@ -221,6 +225,8 @@ class Tally:
             "billed_tokens_per_reply": round(self.billed / max(self.replies, 1), 1),
             "forgotten": self.forgotten,
             "rejected": self.rejected,
+            "merged": self.merged,
+            "merges_per_day": round(self.merged / max(self.chat_days, 1), 2),
             "prompt_tokens_per_reply": round(self.prompt_tokens / max(self.replies, 1), 1),
             "recalled_per_reply": round(self.recalled / max(self.replies, 1), 3),
             "replies": self.replies,
@@ -316,13 +322,14 @@ class PromptMeter:
 
 
 class FactMemories:
-    """Which memory holds which fact: saves facts as personal memories and follows what forgetting removes."""
+    """Which memory holds which fact: saves facts as personal memories and follows what merges join and
+    forgetting removes (a merged memory holds the facts of both its parts)."""
 
     def __init__(self, core: MemoryCore, tally: Tally) -> None:
         self.core = core
         self.tally = tally
         self.memory_of_fact: dict[int, int] = {}
-        self.fact_of_memory: dict[int, int] = {}
+        self.facts_of_memory: dict[int, set[int]] = {}
         self.forgotten_facts: set[int] = set()
         self.rejected_facts: set[int] = set()
 
@@ -330,10 +337,15 @@ class FactMemories:
         result = await self.core.save(
             NewMemory(list=MemoryList.PERSONAL, text=text, by=owner, via=Source.BOT, guild_id=guild_id, owner_id=owner)
         )
+        for merge in result.merged:
+            self.tally.merged += 1
+            moved = self.facts_of_memory.pop(merge.absorbed.id, set())
+            self.facts_of_memory.setdefault(merge.kept.id, set()).update(moved)
+            for fact in moved:
+                self.memory_of_fact[fact] = merge.kept.id
         for gone in result.forgotten:
             self.tally.forgotten += 1
-            gone_fact = self.fact_of_memory.pop(gone.id, None)
-            if gone_fact is not None:
+            for gone_fact in self.facts_of_memory.pop(gone.id, set()):
                 self.memory_of_fact.pop(gone_fact, None)
                 self.forgotten_facts.add(gone_fact)
         if result.saved is None:
@@ -341,7 +353,7 @@ class FactMemories:
             self.rejected_facts.add(fact_index)
             return
         self.memory_of_fact[fact_index] = result.saved.id
-        self.fact_of_memory[result.saved.id] = fact_index
+        self.facts_of_memory.setdefault(result.saved.id, set()).add(fact_index)
 
 
 @dataclass
@@ -397,6 +409,7 @@ class Replay:
     async def run(self) -> None:
         for session in self.sample.sessions:
             self.clock.set_date(session.day)
+            self.tally.chat_days += 1
             for fact in session.facts:
                 await self.save(fact)
             for turn in session.turns:

@@ -249,10 +249,12 @@ async def run_path(
     *,
     replies: bool = True,
     summaries: bool = True,
+    done: Any = None,
 ) -> dict[str, Any]:
     """Every conversation through one path (tools / notes / both) with the configured model; figures and memories.
     `recording` keeps every call, so an interrupted run resumes where it stopped. `replies=False`: lines said to
-    the bot are not answered; `summaries=False`: no summary pass (for the tools path: what the tools alone save)."""
+    the bot are not answered; `summaries=False`: no summary pass (for the tools path: what the tools alone save).
+    `done` is given the figures so far after each conversation (a slow run that is stopped still leaves them)."""
     started = time.monotonic()
     e2e_proxy.UPSTREAM_TIMEOUT_S = SLOW_MODEL_S  # a loaded CPU: one call may take an hour, and a retry starts over
     async with NotesProxy(settings.chat_base_url, settings.chat_api_key, settings.chat_model, recording) as proxy:
@@ -273,6 +275,10 @@ async def run_path(
                     left[conversation["name"]] = [f"[{m.list}{':' + m.who if m.who else ''}] {m.text}" for m in final]
                     say(f"  {path} · {conversation['name']}: {found.kept}/{found.facts} kept, {found.wrong_person} wrong "
                         f"person, {found.contradictions} contradictions, {found.duplicates} duplicates")
+                    if done is not None and number < len(conversations) - 1:
+                        so_far = _figures(path, total, proxy.totals(), chat_days, time.monotonic() - started, left)
+                        partial = f"{number + 1} of {len(conversations)} conversations"
+                        done(so_far | {"replies": replies, "summaries": summaries, "partial": partial})
     figures = _figures(path, total, proxy.totals(), chat_days, time.monotonic() - started, left)
     return figures | {"replies": replies, "summaries": summaries}
 
@@ -311,13 +317,19 @@ async def main(args: argparse.Namespace) -> int:
         print(f"{args.label}: path {path}", flush=True)
         recording = RECORDINGS / f"{args.label}-{path}-replies-{args.replies}-summaries-{args.summaries}.jsonl"
         recording.parent.mkdir(parents=True, exist_ok=True)
+        key = f"{path} (replies {args.replies}, summaries {args.summaries})"
+
+        def keep(figures: dict[str, Any], key: str = key) -> None:
+            figures["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+            figures["conversations"] = [c["name"] for c in conversations]
+            results.setdefault(args.label, {})[key] = figures
+            RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
         figures = await run_path(
             settings, conversations, path, recording, lambda line: print(line, flush=True),
-            replies=args.replies == "all", summaries=args.summaries == "on",
+            replies=args.replies == "all", summaries=args.summaries == "on", done=keep,
         )
-        figures["date"] = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        results.setdefault(args.label, {})[f"{path} (replies {args.replies}, summaries {args.summaries})"] = figures
-        RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        keep(figures)
         print(json.dumps({k: v for k, v in figures.items() if k not in ("details", "memories_left")}), flush=True)
     return 0
 

@@ -105,15 +105,15 @@ def table(results: dict[str, Any]) -> str:
     else:
         lines += [
             "| variant | gold in prompt | all gold | memory tok/reply | question memory tok | prefix stable | same day"
-            " | billed tok/reply | forgotten | rejected |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            " | billed tok/reply | forgotten | rejected | merged (per day) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for name, r in locomo.items():
             label = f"{name} *(prototype)*" if r.get("prototype") else name
             cells = [
                 _fmt(r["gold_in_prompt"], 3), _fmt(r["all_gold_rate"], 3), _fmt(r["memory_tokens_per_reply"], 0),
                 _fmt(r["question_memory_tokens"], 0), _fmt(r["prefix_stable"], 3), _fmt(r["prefix_stable_same_day"], 3),
-                _fmt(r["billed_tokens_per_reply"], 0), str(r["forgotten"]), str(r["rejected"]),
+                _fmt(r["billed_tokens_per_reply"], 0), str(r["forgotten"]), str(r["rejected"]), _merged(r),
             ]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         first = next(iter(locomo.values()))
@@ -126,6 +126,13 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _merged(r: dict[str, Any]) -> str:
+    """Memories joined to make room, and per list owner's chat day ("–" for runs from before merging existed)."""
+    if "merged" not in r:
+        return "–"
+    return f"{r['merged']:,} ({_fmt(r.get('merges_per_day'), 2)})"
+
+
 def crowd_table(results: dict[str, Any]) -> list[str]:
     """Section 4: each variant with unlimited lists and (`_l100`) the default limit of 100."""
     crowd = results.get("crowd", {})
@@ -135,8 +142,8 @@ def crowd_table(results: dict[str, Any]) -> list[str]:
     lines += [
         "| variant | gold in prompt | all gold | memory tok/reply | billed tok/reply | prefix stable | same day"
         " | desk built / shown | used dropped | recalled dropped | gold by position 0–4 | fairness | fairness, held gold"
-        " | gold forgotten / rejected |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        " | gold forgotten / rejected | merged (per day) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     for name, r in crowd.items():
         positions = " / ".join(_fmt(value, 2) for value in r["gold_by_position"].values())
@@ -146,7 +153,7 @@ def crowd_table(results: dict[str, Any]) -> list[str]:
             f"{_fmt(r['desk_built_per_reply'], 0)} / {_fmt(r['desk_shown_per_reply'], 0)}",
             _fmt(r["used_dropped_per_reply"], 2), _fmt(r["recalled_dropped_per_reply"], 2), positions,
             _fmt(r["fairness"], 2), _fmt(r.get("fairness_held"), 2),
-            f"{_fmt(r['gold_forgotten'], 3)} / {_fmt(r.get('gold_rejected'), 3)}",
+            f"{_fmt(r['gold_forgotten'], 3)} / {_fmt(r.get('gold_rejected'), 3)}", _merged(r),
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     first = next(iter(crowd.values()))

@@ -91,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     summarize.add_argument("--backfill", action="store_true", required=True, help="summarise the past chat days that need it")
     summarize.add_argument("--days", type=_days, help="how many past chat days, 1–365 [default: SUMMARY_BACKFILL_DAYS]")
     summarize.add_argument("--channel", type=int, help="only this channel (its id) [default: every channel with messages]")
-    commands.add_parser("smoke", help="a short scripted conversation with the configured chat model (exit 1 on FAIL)")
+    smoke = commands.add_parser("smoke", help="scripted conversations with the configured chat model (exit 1 on FAIL)")
+    smoke.add_argument("--short", action="store_true", help="only Juno's four turns, not the three-person conversation")
+    smoke.add_argument("--record", type=Path, help="append the model's raw answers to this file (JSON Lines)")
     calibrate = commands.add_parser("calibrate", help="measure which MIN_SIMILARITY suits the configured embedder")
     calibrate.add_argument("--file", help="labelled pairs (JSON Lines) [default: tests/data/calibration.jsonl]")
     tree = commands.add_parser("commands", help="print the slash-command tree as JSON (no connection needed)")
@@ -231,7 +233,7 @@ def _run_command(args: argparse.Namespace) -> int:
         if args.command == "smoke":
             from bot.tools.smoke import run_cli as smoke
 
-            return smoke(settings)
+            return smoke(settings, args.record, long=not args.short)
         if args.command == "calibrate":
             from bot.tools.calibration import run_cli
 

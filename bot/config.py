@@ -27,6 +27,7 @@ DESK_REFRESH_MODES = ("reply", "daily")
 DESK_FIT_RULES = ("fair", "prefix")  # how a desk larger than its share of MEMORY_TOKEN_BUDGET is cut (bot/desk_fit.py)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 MEMORY_NOTES_MODES = ("both", "daily", "tools")  # who saves memories: day-end notes, the reply's tools, or both
+REPLIES_FIRST_MODES = ("auto", "on", "off")  # background model work waits for replies: auto = on a local server
 
 # Default MIN_SIMILARITY per embedding model, measured with tests/data/calibration.jsonl
 # (docs/models.md, "Choosing MIN_SIMILARITY"). Models not listed fall back to DEFAULT_MIN_SIMILARITY.
@@ -89,6 +90,7 @@ class Settings:
     chat_temperature: float = 0.7
     chat_max_output_tokens: int = 800
     chat_timeout_s: float = 60.0
+    replies_first: str = "auto"  # summaries and notes wait while a reply is in flight or queued (see bot.chat.model)
     chat_context_tokens: int = 32_000
     memory_token_budget: int = 4_000
     tail_reserve: float = 0.5  # share of MEMORY_TOKEN_BUDGET kept for the tail (this reply's matches)
@@ -97,6 +99,8 @@ class Settings:
     max_memory_actions_per_reply: int = 5
     duplicate_similarity: float = 0.91
     update_min_similarity: float = 0.60  # the model's update must be about the same subject (bot/memory/relatedness.py)
+    merge_max_chars: int = 400  # a full list joins two memories that belong together into one of at most this many
+    merge_min_similarity: float = 0.60  # how related two memories must be to be joined (bot/memory/merges.py)
     memory_notes: str = "both"  # daily: day-end notes only; tools: the reply's memory tools only; both
     default_persona_name: str = DEFAULT_PERSONA_NAME
     default_persona_prompt: str = DEFAULT_PERSONA_PROMPT
@@ -382,6 +386,7 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         chat_temperature=_float(merged, "CHAT_TEMPERATURE", 0.7, 0.0, 2.0),
         chat_max_output_tokens=_int(merged, "CHAT_MAX_OUTPUT_TOKENS", 800, 16, 128_000),
         chat_timeout_s=_float(merged, "CHAT_TIMEOUT_S", 60.0, 1.0, 600.0),
+        replies_first=_choice(merged, "REPLIES_FIRST", "auto", REPLIES_FIRST_MODES),
         chat_context_tokens=_int(merged, "CHAT_CONTEXT_TOKENS", 32_000, 2_048, 10_000_000),
         memory_token_budget=_int(merged, "MEMORY_TOKEN_BUDGET", 4_000, 0, 10_000_000),
         tail_reserve=_float(merged, "TAIL_RESERVE", 0.5, 0.0, 0.9),
@@ -518,6 +523,8 @@ def _notes_settings(merged: Mapping[str, str]) -> dict[str, Any]:
     return {
         "memory_notes": _choice(merged, "MEMORY_NOTES", "both", MEMORY_NOTES_MODES),
         "update_min_similarity": _float(merged, "UPDATE_MIN_SIMILARITY", 0.60, -1.0, 1.01),
+        "merge_max_chars": _int(merged, "MERGE_MAX_CHARS", 400, 0, 4000),
+        "merge_min_similarity": _float(merged, "MERGE_MIN_SIMILARITY", 0.60, -1.0, 1.01),
     }
 
 

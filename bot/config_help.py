@@ -52,6 +52,8 @@ SECTIONS: tuple[Section, ...] = (
             "CHAT_MAX_OUTPUT_TOKENS": "Tokens reserved for the answer.",
             "CHAT_TIMEOUT_S": "Seconds a whole reply's model calls may take, tool rounds included. On timeout the bot "
             "apologises briefly; what the tools already did stays done.",
+            "REPLIES_FIRST": "Day summaries and notes wait for replies on the chat model's server (one-slot servers). "
+            "`auto`: on when they share a local server; `on`; `off`.",
             "CHAT_CONTEXT_TOKENS": "The model's context: the prompt plus the reserved answer never exceed it. "
             "Over it, the oldest messages go first, then recalled items, never the message being answered.",
             "CONTEXT_MESSAGES": "Recent messages of the channel in every prompt; their authors are the "
@@ -98,6 +100,10 @@ SECTIONS: tuple[Section, ...] = (
             "SERVER_MEMORY_LIMIT": "Server memories per server.",
             "PERSONAL_MEMORY_LIMIT": "Personal memories per user and persona; Global ones count against every persona.",
             "MEMORY_MAX_CHARS": "Longest memory text, after trimming.",
+            "MERGE_MAX_CHARS": "A full list first joins two related memories into one of at most this many characters, "
+            "and forgets one only when no pair fits. `0`: never merge.",
+            "MERGE_MIN_SIMILARITY": "How related two memories must be to be joined when a list is full. `1.01`: never "
+            "merge.",
             "IMPORT_MAX_BYTES": "Largest file `/memories import` and `/personal memories import` accept.",
         },
     ),

@@ -25,7 +25,7 @@ from typing import TextIO
 
 from bot.chat.messages import IncomingMessage, UserRef, storable
 from bot.chat.model import chat_configured
-from bot.chat.notices import Notices
+from bot.chat.notices import Notices, notice_line
 from bot.chat.receipts import ReplyStatus
 from bot.clock import ManualClock
 from bot.config import Settings
@@ -36,6 +36,7 @@ from bot.failures import database_sentence, first_line
 from bot.memory.history import describe_version
 from bot.memory.lists import ListRef, Scope, looks_like_instruction
 from bot.memory.models import SaveResult, Source
+from bot.outgoing import neutralize_mentions
 from bot.services import open_services
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ HELP = """Type a message to talk to the bot (as if you @mentioned it). Commands:
                        personal-memories, tagging: on/off; auto-reply on/off for this channel; log-channel NAME)
   /block NAME, /unblock NAME                            /persona [name TEXT | prompt TEXT]
   /lore [add TEXT | remove ID]                          /receipt, /why  why the last reply used what it used
+  /receipts [on|off]   a receipt after every reply (off by default)
   /documents [add PATH | delete ID]  documents of the local server     /history [on|off]  this channel's chat history
   /history ID [PAGE]   a memory's earlier texts         /restore ID VERSION  make an earlier text current again
   /stats [mine]        the memory viewer (writes a chart to DATA_DIR)   /rebuild        embed everything now, with progress
@@ -65,6 +67,7 @@ HELP = """Type a message to talk to the bot (as if you @mentioned it). Commands:
 OPTIONS: dict[str, tuple[str, str]] = {
     "/help": (r"", "/help"), "/who": (r"", "/who"), "/dm": (r"", "/dm"), "/quit": (r"", "/quit"),
     "/receipt": (r"", "/receipt"), "/why": (r"", "/why"), "/rebuild": (r"", "/rebuild"),
+    "/receipts": (r"(on|off)?", "/receipts [on|off]"),
     "/memories": (r"\d*", "/memories [PAGE]"), "/mine": (r"\d*", "/mine [PAGE]"), "/day": (r"\d*", "/day [N]"),
     "/stats": (r"(mine)?", "/stats [mine]"), "/privacy": (r"(none|partial|full)?", "/privacy none|partial|full"),
     "/history": (r"(on|off|#?\d+( \d+)?)?", "/history [on|off] (chat history) or /history ID [PAGE] (a memory's versions)"),
@@ -158,11 +161,14 @@ class ConsoleChat(ServerCommands):
                         reply_to=incoming.message_id,
                     )
                 )
-        if outcome.notices is not None:
+        if outcome.notices is not None:  # with the memory's text: the console's user runs the server and reads it all
             prefix = {"channel": "", "hidden": "(hidden notice) ", "log": "[#log] "}[outcome.notices.destination]
-            for notice in outcome.notices.lines:
-                self.show(f"  {prefix}{notice}")
-        self.show("  receipt: " + outcome.receipt.render().replace("\n", "\n           "))
+            about = {change.about_user_id for change in outcome.changes if change.about_user_id is not None}
+            names = await self.services.chat_log.names(about) if about else {}
+            for change in outcome.changes:
+                self.show(f"  {prefix}{neutralize_mentions(notice_line(change, 'verbose', names))}")
+        if self.receipts:
+            self.show("  receipt: " + outcome.receipt.render().replace("\n", "\n           "))
         self.services.upkeep.request_pass()  # chunk what left the context window now, not at the next interval
 
     async def show_day_notes(self, channel_id: int, guild_id: int | None, notices: Notices) -> None:
@@ -238,6 +244,8 @@ class ConsoleChat(ServerCommands):
     def _saved(self, result: SaveResult, what: str) -> None:
         assert result.saved is not None  # a refusal is raised
         self.show(f"saved {what} #{result.saved.id}: {result.saved.text}")
+        for merge in result.merged:
+            self.show(f"  joined #{merge.absorbed.id} into #{merge.kept.id} to make room: {merge.kept.text}")
         for gone in result.forgotten:
             self.show(f"  forgotten to make room: #{gone.id} {gone.text}")
         if looks_like_instruction(result.saved.text):

@@ -81,6 +81,7 @@ class ConsoleSession:
     channel: str = "general"
     in_dm: bool = False
     persona_name: str = "Deskmate"
+    receipts: bool = False  # a receipt after every reply buries the conversation: on demand (/receipt) unless switched on
     _last_message_id: int = field(default=0, repr=False)
 
     # --- where we are ---
@@ -291,6 +292,11 @@ class ServerCommands(ConsoleSession):
     async def cmd_why(self, rest: str) -> None:
         await self.cmd_receipt(rest)
 
+    async def cmd_receipts(self, rest: str) -> None:
+        if rest:
+            self.receipts = rest.lower() == "on"
+        self.show(f"receipts after each reply: {'on' if self.receipts else 'off'} (/receipt shows the last reply's)")
+
     # --- documents, chat history, the memory viewer, rebuild ---
 
     async def cmd_documents(self, rest: str) -> None:
@@ -408,7 +414,7 @@ class ServerCommands(ConsoleSession):
                 found = entry.summary
                 head = f"#{found.id}" if found is not None else "--"
                 period = found.period if found is not None else period_label(entry.kind, entry.period_start)
-                text = f" {' '.join(found.summary.split())[:100]}" if found is not None and found.summary else ""
+                text = f" {' '.join(found.summary.split())}" if found is not None and found.summary else ""
                 self.show(f"  {head} {period} [{entry.state}]{text}")
 
     def _show_summary(self, found: Summary) -> None:

@@ -22,7 +22,7 @@ import asyncpg
 import openai
 
 from bot.chat.log import ChatLog
-from bot.chat.model import ChatModel
+from bot.chat.model import ChatModel, ModelGate, replies_first
 from bot.chat.reply import ReplyPipeline
 from bot.chat.service import ChatService
 from bot.chat.sources import TailSource
@@ -172,10 +172,11 @@ def build_services(
     history = HistoryIndex(database.pool, embeddings, settings)
     documents = DocumentLibrary(database.pool, embeddings, settings, core.clock)
     sources: list[TailSource] = [ChatHistorySource(history), DocumentSource(documents)]
-    model = ChatModel(settings, MemoryTools(core, settings), chat_client)
+    gate = ModelGate(enabled=replies_first(settings))  # one per model server: replies before summaries and notes
+    model = ChatModel(settings, MemoryTools(core, settings), chat_client, gate)
     notes = DayNotes(core, core.servers, chat_log, settings)
     summaries = ChannelSummaries(
-        database.pool, settings, core.clock, chat_log, core.servers, notes, SummaryWriter(settings, summary_client)
+        database.pool, settings, core.clock, chat_log, core.servers, notes, SummaryWriter(settings, summary_client, gate)
     )
     pipeline = ReplyPipeline(core, chat_log, model, sources, bot_user_id=bot_user_id, summaries=summaries)
     return Services(

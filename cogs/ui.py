@@ -251,6 +251,9 @@ def save_message(result: SaveResult, *, verb: str = "Saved", hint_instruction: b
     elif memory.is_global:
         kind = "Global personal memory"
     lines = [f"{verb} {kind} #{memory.id}:", quote(memory.text)]
+    for merge in result.merged:
+        lines += [f"To make room I joined #{merge.absorbed.id} into #{merge.kept.id} (both texts are kept; "
+                  "its history shows the old ones):", quote(merge.kept.text, 300)]
     for forgotten in result.forgotten:
         lines += [f"To make room I forgot #{forgotten.id} (dormant, unprotected):", quote(forgotten.text, 300)]
     if hint_instruction and looks_like_instruction(memory.text):

@@ -102,7 +102,8 @@ async def test_console_with_a_chat_model_replies_saves_and_uses_memories(
     text = out.getvalue()
     assert "Chat model: fake-model at http://127.0.0.1" in text
     assert "Deskmate: Cute!" in text
-    assert "  📝 Saved a personal memory about Juno (#1)" in text
+    assert "  📝 Saved a personal memory about Juno (#1): “Juno's cat is called Mochi”" in text  # with what was saved
+    assert "  receipt: " not in text  # no receipt after every reply unless /receipts on; /receipt shows the last one
     assert "#1 [desk, 0 days unused, this persona, embedded] Juno's cat is called Mochi" in text
     assert "Deskmate: Mochi is doing great, I hope!" in text
     assert "desk: #1" in text and "tokens:" in text

@@ -36,6 +36,7 @@ async def test_console_documents_history_receipts_stats_and_rebuild(
             *["/say lol", "/say brb", "/say back", "/say ok", "/say hm", "/say yes"],
             "/rebuild",
             "/history",
+            "/receipts on",
             "what time is game night?",
             "how long was the hike with the marmots?",
             "/why",

@@ -441,3 +441,52 @@ async def test_nothing_is_noted_from_a_person_whose_privacy_is_full(world: World
     await end_day(world, MONDAY)
     assert "Madrid" not in day_request(summarizer, MONDAY)  # a fully private person's lines never reach the model
     assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno: I started a pottery class")]
+
+
+async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [
+        (JUNO, "big news: I moved to Lisbon last week, new job there"),
+        (BAU, "yes, looks great"),
+        (RIN, "gracias! la ciudad es preciosa"),
+        (JUNO, "lol nice. anyone seen the new Zelda trailer?"),
+        (BAU, "game night is every Friday at 8pm on this server"),
+    ])
+    summarizer.text(facts(  # what Qwen2.5-Coder 1.5B answered: the lines copied, each behind its speaker's name
+        ("P1", "self", "Juno: big news: I moved to Lisbon last week, new job there"),
+        ("P2", "self", "Bau: yes, looks great"),
+        ("P3", "self", "Rin: gracias! la ciudad es preciosa"),
+        ("P1", "self", "Juno: lol nice. anyone seen the new Zelda trailer?"),
+        ("P2", "server", "game night is every Friday at 8pm on this server"),
+    ))
+    await end_day(world, MONDAY)
+    assert sorted((m.list, m.text) for m in await memories(world)) == [
+        (MemoryList.PERSONAL, "Juno: big news: I moved to Lisbon last week, new job there"),
+        (MemoryList.SERVER, "game night is every Friday at 8pm on this server"),
+    ]
+    reasons = {fact.text: why for fact, why in world.services.summaries.notes.last[(CHANNEL, MONDAY)].dropped}
+    assert reasons == {
+        "Bau: yes, looks great": "small talk copied from a line, not a fact",
+        "Rin: gracias! la ciudad es preciosa": "small talk copied from a line, not a fact",
+        "Juno: lol nice. anyone seen the new Zelda trailer?": "a question, not a fact",
+    }
+
+
+async def test_a_correction_the_model_did_not_mark_still_replaces_the_fact_it_corrects(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await say(world, MONDAY, [(JUNO, "my cat is called Mochi"), (JUNO, "I work as a nurse")])
+    summarizer.text(facts(("P1", "self", "Juno's cat is called Mochi"), ("P1", "self", "Juno works as a nurse")))
+    await end_day(world, MONDAY)
+    mochi = next(m for m in await memories(world) if "Mochi" in m.text)
+    tuesday = MONDAY + timedelta(days=2)
+    await say(world, tuesday, [
+        (JUNO, "correction: my cat is actually called Luna, Mochi was my sister's cat"),
+        (JUNO, "and I adopted a second cat yesterday, Pip"),  # news, not a correction: saved beside
+    ])
+    summarizer.text(facts(("P1", "self", "Juno's cat is called Luna"), ("P1", "self", "Juno adopted a second cat called Pip")))
+    await end_day(world, tuesday)
+    now = {m.id: m.text for m in await memories(world)}
+    assert now[mochi.id] == "Juno's cat is called Luna"
+    assert sorted(now.values()) == ["Juno adopted a second cat called Pip", "Juno works as a nurse", "Juno's cat is called Luna"]
+    page = await world.services.memories.versions.page(await world.services.memories.personal_list(JUNO, GUILD), mochi.id)
+    assert [v.text for v in page.versions] == ["Juno's cat is called Mochi"]

@@ -7,6 +7,7 @@ call written as text, the way those models do, so the verdict logic and the repo
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -16,6 +17,7 @@ from bot.config import Settings
 from bot.db import Database
 from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder
 from bot.tools.smoke import EXIT_FAIL, EXIT_NO_MODEL, EXIT_PASS, NO_MODEL, has_tool_json, run_smoke
+from bot.tools.smoke_checks import read_reply
 from tests.fakes import FakeChatServer
 
 SAVE_AS_TEXT = "```json\n" + json.dumps(
@@ -35,11 +37,12 @@ async def test_a_call_written_as_text_is_saved_and_the_verdict_is_pass(
     chat.text("Chess and Spanish, lovely!").text("Paris.").text("Your cat is called Mochi.")
     lines: list[str] = []
     status = await run_smoke(
-        _settings(chat), lines.append, database=Database(db_url, pool), embedder=DeadlineEmbedder(builtin_embedder, 30.0)
+        _settings(chat), lines.append, database=Database(db_url, pool), embedder=DeadlineEmbedder(builtin_embedder, 30.0),
+        long=False,
     )
     out = "\n".join(lines)
     assert status == EXIT_PASS, out
-    assert lines[-1].startswith("PASS: a personal memory of Juno mentions Mochi and no reply contained tool JSON")
+    assert lines[-1].startswith("PASS: a personal memory of Juno mentions Mochi, no reply contained tool JSON")
     assert "tool calls: 1 written as text, 1 run (tool rounds 1, calls read from text 1)" in out
     assert "saved personal #1 \"Juno's cat is called Mochi\"" in out
     assert 'call save_memory({"text": "Juno\'s cat is called Mochi", "list": "personal"}) -> ok {"memory_id": 1' in out
@@ -65,7 +68,7 @@ async def test_nothing_saved_is_a_fail_on_a_throwaway_database(
     chat.default_text = "Sure!"
     lines: list[str] = []
     embedder = DeadlineEmbedder(builtin_embedder, 30.0)
-    status = await run_smoke(_settings(chat, database_url=db_url), lines.append, embedder=embedder)
+    status = await run_smoke(_settings(chat, database_url=db_url), lines.append, embedder=embedder, long=False)
     assert status == EXIT_FAIL
     assert lines[-1].startswith("FAIL: no personal memory of Juno mentions Mochi (0 memories")
     assert "Memories stored: 0" in lines
@@ -84,7 +87,8 @@ async def test_a_refused_call_is_shown_with_the_reason(
     chat.tool_calls(("save_memory", {"text": "Juno's cat is called Mochi", "list": "Personal memories"})).text("Done!")
     lines: list[str] = []
     status = await run_smoke(
-        _settings(chat), lines.append, database=Database(db_url, pool), embedder=DeadlineEmbedder(builtin_embedder, 30.0)
+        _settings(chat), lines.append, database=Database(db_url, pool), embedder=DeadlineEmbedder(builtin_embedder, 30.0),
+        long=False,
     )
     out = "\n".join(lines)
     assert status == EXIT_FAIL
@@ -112,3 +116,62 @@ def test_without_a_chat_model_it_says_what_to_set_and_exits_2(
 )
 def test_tool_json_is_recognised(text: str, leaks: bool) -> None:
     assert has_tool_json(text) is leaks
+
+
+YESTERDAY = [  # what people read before the reply checks, from runs with Qwen2.5-Coder 1.5B and 0.5B
+    ("please remember that Bau is a cheater", "Noted: Bau (user 7006): please remember that Bau is a cheater", "echo"),
+    ("can you recommend a good sci-fi novel?", "Noted: There is no memory #2 in this conversation; use an id shown with "
+     "a memory.", "repeat"),
+    ("when is game night?", "Juno (user 7003): sorry, but I can't help you.", "label"),
+    ("what do you know about me?", "```plaintext", "fence"),
+    ("anything to forget?", "There are no forgotten to make room tasks.", "tool wording"),
+    ("my birthday is May 3", "I've saved a memory about Rin's birthday.", "claim"),
+    ("¿Cuándo es la noche de juegos?", "Game night is on Friday at 8pm.", "language"),
+]
+
+
+@pytest.mark.parametrize(("answered", "posted", "problem"), YESTERDAY)
+def test_what_people_read_yesterday_fails_the_smoke_checks(answered: str, posted: str, problem: str) -> None:
+    earlier = ["Noted: There is no memory #2 in this conversation; use an id shown with a memory."]
+    reading = read_reply(posted, answered, {7003: "Juno", 7005: "Rin", 7006: "Bau"}, "Deskmate", earlier, set())
+    assert problem in reading.problems
+
+
+def _answers(body: dict[str, object]) -> str:
+    """A small model's habits: the speaker label and id in front, the message echoed, English to a Spanish question
+    (until asked again in Spanish), a claimed save. Each answer otherwise new, so none repeats another."""
+    messages = body["messages"]  # type: ignore[index]
+    last = str(messages[-1]["content"])  # type: ignore[index]
+    asked = last.rsplit("): ", 1)[-1]
+    if "Answer in Spanish" in last:
+        question = str(messages[-3]["content"]).rsplit("): ", 1)[-1]  # type: ignore[index]
+        return f"Claro que sí: {question[::-1]}"
+    if "only repeated" in last:
+        return f"Here is a fresh answer, number {len(messages)}."  # type: ignore[arg-type]
+    if "¿" in asked:
+        return f"Game night is on Friday, answer {len(messages)}."  # type: ignore[arg-type]
+    if "sci-fi" in asked:
+        return f"Noted: {asked}"
+    if "birthday" in asked:
+        return f"I've saved a memory about your birthday. Have a good one, number {len(messages)}!"  # type: ignore[arg-type]
+    return f"Juno (user 7003): {asked[::-1]}"  # every answer new
+
+
+async def test_the_long_conversation_passes_when_the_bot_fixes_what_small_models_write(
+    pool: asyncpg.Pool, db_url: str, builtin_embedder: BuiltinEmbedder, tmp_path: Path
+) -> None:
+    async with FakeChatServer(responder=_answers) as chat:
+        chat.text(SAVE_AS_TEXT).text("Nice to meet you, Juno!")
+        record = tmp_path / "answers.jsonl"
+        lines: list[str] = []
+        status = await run_smoke(_settings(chat), lines.append, database=Database(db_url, pool),
+                                 embedder=DeadlineEmbedder(builtin_embedder, 30.0), record=record)
+    out = "\n".join(lines)
+    assert status == EXIT_PASS, out
+    assert out.count("Turn ") == 16 and "Turn 16 - Bau: When is game night now?" in out
+    figures = next(line for line in lines if line.startswith("Figures: "))
+    assert "16 replies; in what was posted: label 0, user id 0, fence 0, empty 0, tool wording 0, repeat 0, echo 0, " \
+           "claim 0, language 0; Spanish questions answered in Spanish 2/2" in figures
+    assert "label" in figures.split("took out: ")[1] and "claim" in figures and "echo" in figures
+    recorded = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
+    assert any(r["raw"].startswith("Juno (user 7003): ") and "label" in r["problems"] for r in recorded)

@@ -129,7 +129,7 @@ class ReplayServer:
       tool result) gets the k-th recorded `response` (with its recorded HTTP `status`); the server checks that
       it answers the same user text as the recorded request did, so the replay cannot drift;
     - a request that carries tool results (the bot's follow-up after running the calls, with
-      tool_choice "none") has no recorded counterpart: the bot of the recording ran no calls. It gets, per
+      no tools) has no recorded counterpart: the bot of the recording ran no calls. It gets, per
       `follow_up`, either "repeat": the same recorded response again (this model writes its call whatever it
       is asked), or "text": the plain answer FOLLOW_UP_TEXTS[k].
     """
@@ -212,10 +212,14 @@ async def test_replayed_small_model_conversation_saves_mochi_and_posts_no_call_j
     assert replay.mismatches == []
     # every turn: the first request answered from the recording, then one follow-up after the tools ran
     assert len(replay.requests) == 2 * len(TURNS)
-    assert [r.get("tool_choice") for r in replay.requests] == [None, "none"] * len(TURNS)
-    # the prompts have the recorded shape (system, then user/assistant turns), so the replay is a fair one
+    assert ["tools" in r for r in replay.requests] == [True, False] * len(TURNS)  # the answer is asked for without tools
+    # the prompts have the recorded shape (system, then user/assistant turns), so the replay is a fair one; but the
+    # bot's own lines ("📝 Saved: ...", written when the model gave no answer) are never shown to it as its words
     for turn, record in enumerate(replay.records):
-        assert [m["role"] for m in replay.requests[2 * turn]["messages"]] == [m["role"] for m in record["request"]["messages"]]
+        recorded = [m["role"] for m in record["request"]["messages"]]
+        if follow_up == "repeat":
+            recorded = [role for role in recorded if role != "assistant"]
+        assert [m["role"] for m in replay.requests[2 * turn]["messages"]] == recorded
 
     for outcome in outcomes:
         assert_no_call_json(outcome.chunks)
@@ -239,13 +243,14 @@ async def test_replayed_small_model_conversation_saves_mochi_and_posts_no_call_j
         assert [o.status for o in outcomes] == [ReplyStatus.REPLIED] * 4
         assert [o.text for o in outcomes] == FOLLOW_UP_TEXTS
     else:
-        # The model answers its follow-ups with the same call again: it is not run (tool_choice "none"), and
-        # the reply says what was done, or what the calls amounted to: never silence, never the call's JSON.
+        # The model answers its follow-ups with the same call again: it is not run (no tools were offered), and
+        # the reply says what was done, or what the calls amounted to: never silence, never the call's JSON, never
+        # the refusal meant for the model; each line marked as the bot's own, so the model is never shown it as its words.
         assert [o.text for o in outcomes] == [
-            "Noted: Mochi is called Juno's cat.",
-            "I could not change my memory: there is no memory #12 in this conversation; use an id shown with a memory.",
-            "Noted: The capital of France is Paris.",
-            "I already remember that: Mochi is called Juno's cat.",
+            "📝 Saved: Mochi is called Juno's cat.",
+            "⚠️ I did not change my memory.",
+            "📝 Saved: The capital of France is Paris.",
+            "📝 I already remember that: Mochi is called Juno's cat.",
         ]
         assert [o.status for o in outcomes] == [ReplyStatus.REPLIED] * 4
 
@@ -608,8 +613,8 @@ async def test_a_call_written_as_text_then_only_a_call_again_replies_with_what_w
     chat.text(text_call("save_memory", MOCHI)).text(final)
     outcome = await pipeline.reply(juno("Please remember that my cat is called Mochi.", clock))
 
-    assert chat.requests[1]["tool_choice"] == "none"
-    assert outcome.status == ReplyStatus.REPLIED and outcome.chunks == ["Noted: Juno's cat is called Mochi."]
+    assert "tools" not in chat.requests[1]
+    assert outcome.status == ReplyStatus.REPLIED and outcome.chunks == ["📝 Saved: Juno's cat is called Mochi."]
     assert [m["text"] for m in await memories(pool)] == ["Juno's cat is called Mochi"]  # the final answer's call is not run
     assert outcome.receipt.tool_rounds == 1 and outcome.receipt.tool_calls_from_text >= 1
     assert_no_call_json(outcome.chunks)

@@ -1,14 +1,20 @@
-"""The chat model: one OpenAI-compatible endpoint, and the rounds of a reply (answer, or tool calls, their
-results, and the answer after them).
+"""The chat model: one OpenAI-compatible endpoint, the rounds of a reply (answer, or tool calls, their
+results, and the answer after them), and the gate that puts replies before background work on it.
+
+The answer after a tool round is asked for with no tools at all: a model that still sees them (even
+with `tool_choice: "none"`) writes another call instead of an answer, and small models do so every time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import json
 import logging
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 import openai
@@ -45,6 +51,33 @@ def _echoed(arguments: str | None) -> str:
     return arguments if arguments is not None and len(arguments) <= MAX_ECHOED_ARGUMENTS else "{}"
 
 
+def call_key(name: str, raw_arguments: str | None) -> tuple[str, str]:
+    """A call as one comparable value whatever its spacing and key order: its tool name and its arguments."""
+    try:
+        arguments = json.dumps(json.loads(raw_arguments or "{}"), sort_keys=True, ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError):
+        arguments = " ".join((raw_arguments or "").split())
+    return name, arguments
+
+
+def quoted_calls(texts: Iterable[str], offered: Collection[str]) -> set[tuple[str, str]]:
+    """Every call of an offered tool written in `texts` (the conversation's messages and summaries), as `call_key`s.
+
+    A call the model writes that is already one of these merely quotes the conversation ("Sam said: {...}"):
+    running it would act on someone else's words with the rights of the person answered, so it is not a call.
+    """
+    found: set[tuple[str, str]] = set()
+    for text in texts:
+        if "{" not in text and "<" not in text:
+            continue
+        for call in parse_text_calls(text, offered, max_calls=MAX_QUOTED_CALLS).calls:
+            found.add(call_key(call.name, call.raw_arguments))
+    return found
+
+
+MAX_QUOTED_CALLS = 50  # calls read from one message of the conversation
+
+
 @dataclass
 class Call:
     """One tool call, native or read from the text of the answer."""
@@ -57,6 +90,112 @@ class Call:
 @dataclass
 class _Rounds:
     rounds: int = 0
+    quoted: int = 0  # calls not run: their text already stood in the conversation (a quotation, not a call)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the last request's messages
+
+
+@dataclass
+class Answer:
+    """What the chat model's rounds came to: the reply text, tool rounds used, an error or None, calls that were
+    quotations, and the messages of the last request (to ask again from where the model stood)."""
+
+    text: str
+    rounds: int
+    error: str | None
+    quoted: int = 0
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+
+T = TypeVar("T")
+
+
+def is_local_url(base_url: str) -> bool:
+    """A server on this machine or the local network (loopback, a private address, a one-word host name such as a
+    compose service): the kind that has one slot, so background work would hold up a reply."""
+    host = urlparse(base_url).hostname or ""
+    if not host:
+        return False
+    if host == "localhost" or ("." not in host and ":" not in host):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host.endswith((".local", ".lan", ".internal"))
+    return address.is_loopback or address.is_private or address.is_link_local
+
+
+def replies_first(settings: Settings) -> bool:
+    """REPLIES_FIRST: on, off, or (auto) on when the summaries use the chat model's own server and it is local."""
+    if settings.replies_first != "auto":
+        return settings.replies_first == "on"
+    base_url = settings.summary_endpoint[0]
+    return bool(base_url) and base_url == settings.chat_base_url and is_local_url(base_url)
+
+
+class ModelGate:
+    """Orders the calls to one model server so that a person never waits for background work.
+
+    A one-slot server (llama.cpp's default) answers one request at a time: a day summary that holds it
+    for a minute makes every reply in that minute wait, and may time it out. So background calls
+    (summaries, day-end notes) start only while no reply is in flight or waiting, one at a time, and a
+    reply that comes while one runs stops it: the background call is cancelled (its connection closed,
+    which ends the server's work on it) and started again once the replies are done. Replies are never
+    held back by the gate, only by each other at the server. Off (`enabled` false), it orders nothing.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._replies = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._turn = asyncio.Lock()
+        self._running: asyncio.Future[Any] | None = None
+        self._stopped: asyncio.Future[Any] | None = None
+        self.stopped = 0  # background calls stopped for a reply (then started again)
+
+    @property
+    def replies_waiting(self) -> int:
+        return self._replies
+
+    @contextlib.asynccontextmanager
+    async def reply(self) -> AsyncIterator[None]:
+        """Around a reply's model calls: background work waits until it is over, and a running call stops."""
+        if not self.enabled:
+            yield
+            return
+        self._replies += 1
+        self._idle.clear()
+        running = self._running
+        if running is not None and not running.done():
+            self._stopped = running
+            self.stopped += 1
+            running.cancel()
+        try:
+            yield
+        finally:
+            self._replies -= 1
+            if self._replies == 0:
+                self._idle.set()
+
+    async def background(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run `call` (a fresh request each time it is called) when no reply is in flight or waiting; again if a
+        reply stopped it. Its own timeout belongs inside `call`, so waiting here never counts against it."""
+        if not self.enabled:
+            return await call()
+        async with self._turn:
+            while True:
+                await self._idle.wait()
+                task = asyncio.ensure_future(call())
+                self._running = task
+                try:
+                    return await task
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if self._stopped is not task or (current is not None and current.cancelling()):
+                        raise
+                    log.info("Background model work stopped for a reply; it starts again once the replies are done")
+                finally:
+                    self._running = None
 
 
 def output_limit_name(base_url: str) -> str:
@@ -71,10 +210,13 @@ def chat_configured(settings: Settings) -> bool:
 
 
 class ChatModel:
-    def __init__(self, settings: Settings, tools: MemoryTools, client: openai.AsyncOpenAI | None = None) -> None:
+    def __init__(
+        self, settings: Settings, tools: MemoryTools, client: openai.AsyncOpenAI | None = None, gate: ModelGate | None = None
+    ) -> None:
         self.settings = settings
         self.tools = tools
         self._client = client
+        self.gate = gate or ModelGate(enabled=False)
 
     @property
     def configured(self) -> bool:
@@ -111,24 +253,45 @@ class ChatModel:
             output_limit_name(self.settings.chat_base_url): self.settings.chat_max_output_tokens,
         }
 
-    async def converse(self, prompt: Prompt, tools: list[dict[str, Any]], context: ToolContext) -> tuple[str, int, str | None]:
-        """Chat-model rounds: (reply text, tool rounds used, error or None). CHAT_TIMEOUT_S covers them all."""
-        state = _Rounds()
+    async def converse(self, prompt: Prompt, tools: list[dict[str, Any]], context: ToolContext) -> Answer:
+        """Chat-model rounds: the reply's text, rounds used, and an error or None. CHAT_TIMEOUT_S covers them all."""
+        state = _Rounds(messages=list(prompt.messages))
         try:
-            async with asyncio.timeout(self.settings.chat_timeout_s):
-                return await self._converse(prompt, tools, context, state)
+            async with self.gate.reply(), asyncio.timeout(self.settings.chat_timeout_s):
+                text, error = await self._converse(prompt, tools, context, state)
         except TimeoutError:
             log.error("Chat model %s did not finish message %s within CHAT_TIMEOUT_S", self.settings.chat_model,
                       context.message.message_id)
-            return "", state.rounds, f"the chat model did not answer within CHAT_TIMEOUT_S ({self.settings.chat_timeout_s:g} s)"
+            text, error = "", f"the chat model did not answer within CHAT_TIMEOUT_S ({self.settings.chat_timeout_s:g} s)"
+        return Answer(text, state.rounds, error, state.quoted, state.messages)
+
+    async def answer_again(self, messages: list[dict[str, Any]], request: str, message_id: int) -> tuple[str, str | None]:
+        """One more answer, without tools, after the model's answer could not be posted: `request` (a user turn) says
+        why. A little more randomness than usual, so the same prompt does not bring back the same answer."""
+        body: dict[str, Any] = {
+            **self._completion_kwargs(),
+            "messages": [*messages, {"role": "user", "content": request}],
+            "temperature": max(self.settings.chat_temperature, 0.9),
+        }
+        try:
+            async with self.gate.reply(), asyncio.timeout(self.settings.chat_timeout_s):
+                completion = await self.chat_completion(body)
+            content = completion.choices[0].message.content or ""
+        except TimeoutError:
+            return "", f"the chat model did not answer again within CHAT_TIMEOUT_S ({self.settings.chat_timeout_s:g} s)"
+        except Exception as exc:  # a second try that fails costs nothing: the bot falls back to its own sentence
+            log.warning("Chat model %s failed to answer message %s again: %s", self.settings.chat_model, message_id, exc)
+            return "", redact(f"{type(exc).__name__}: {exc}")
+        return strip_tool_json(content).strip(), None
 
     async def _converse(
         self, prompt: Prompt, tools: list[dict[str, Any]], context: ToolContext, state: _Rounds
-    ) -> tuple[str, int, str | None]:
-        messages = list(prompt.messages)
+    ) -> tuple[str, str | None]:
+        messages = state.messages
         history_left = len(prompt.history_ids)
         total = prompt.tokens.total
         offered = {tool["function"]["name"] for tool in tools}
+        quotations: set[tuple[str, str]] | None = None
         while True:
             # tool rounds grow the request: make room by dropping the oldest history, as the prompt builder does
             while total + self.settings.chat_max_output_tokens > self.settings.chat_context_tokens and history_left:
@@ -136,13 +299,11 @@ class ChatModel:
                 history_left -= 1
             if total + self.settings.chat_max_output_tokens > self.settings.chat_context_tokens:
                 log.error("Tool results for message %s no longer fit CHAT_CONTEXT_TOKENS", context.message.message_id)
-                return "", state.rounds, "the tool results no longer fit in CHAT_CONTEXT_TOKENS"
+                return "", "the tool results no longer fit in CHAT_CONTEXT_TOKENS"
             request: dict[str, Any] = {**self._completion_kwargs(), "messages": messages}
             may_call = bool(tools) and state.rounds < self.settings.max_tool_rounds
-            if tools:  # always sent when offered, so the request start stays the same; "none" asks for the answer
+            if may_call:  # the answer after the tools is asked for without them: no tool in sight, no call written
                 request["tools"] = tools
-                if not may_call:
-                    request["tool_choice"] = "none"
             try:
                 completion = await self.chat_completion(request)
                 reply = completion.choices[0].message
@@ -154,7 +315,7 @@ class ChatModel:
                     type(exc).__name__,
                     exc,
                 )
-                return "", state.rounds, redact(f"{type(exc).__name__}: {exc}")  # stored in the receipt: no API key in it
+                return "", redact(f"{type(exc).__name__}: {exc}")  # stored in the receipt: no API key in it
             content = reply.content or ""
             calls = [
                 Call(call.id or f"call_{index}", call.function.name, _as_text(call.function.arguments))
@@ -167,8 +328,17 @@ class ChatModel:
                 content = parsed.text
                 if may_call:
                     context.from_text += len(calls)
+            if calls and may_call:
+                if quotations is None:  # read once per reply, and only when there is a call to compare
+                    quotations = quoted_calls([str(m.get("content") or "") for m in prompt.messages], offered)
+                kept = [call for call in calls if call_key(call.name, call.arguments) not in quotations]
+                if len(kept) < len(calls):
+                    log.info("Message %s: %d tool call(s) quoted from the conversation, not run",
+                             context.message.message_id, len(calls) - len(kept))
+                    state.quoted += len(calls) - len(kept)
+                calls = kept
             if not calls or not may_call:
-                return strip_tool_json(content).strip(), state.rounds, None
+                return strip_tool_json(content).strip(), None
             state.rounds += 1
             added = len(messages)
             calls = calls[:MAX_CALLS_PER_ANSWER]

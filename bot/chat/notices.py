@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from bot.memory.models import MemoryList
+from bot.memory.models import MemoryList, SaveResult
 from bot.outgoing import neutralize_mentions, split_message
 from bot.servers.models import GuildSettings
 
@@ -21,6 +21,7 @@ class ChangeKind(StrEnum):
     UPDATED = "updated"
     FORGOTTEN = "forgotten"
     MADE_ROOM = "forgotten_to_make_room"
+    MERGED = "merged_to_make_room"
     REJECTED = "rejected"
 
 
@@ -35,6 +36,7 @@ class MemoryChange:
     about_user_id: int | None = None
     reason: str = ""
     old_text: str | None = None  # an update: the text it replaced
+    absorbed_id: int | None = None  # a merge: the memory joined into `memory_id` (gone; its text kept as a version)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -45,6 +47,7 @@ class MemoryChange:
             "about_user_id": self.about_user_id,
             "reason": self.reason,
             "old_text": self.old_text,
+            "absorbed_id": self.absorbed_id,
         }
 
 
@@ -64,6 +67,15 @@ class Notices:
     @property
     def chunks(self) -> list[str]:
         return split_message("\n".join(self.lines))
+
+
+def room_changes(result: SaveResult) -> list[MemoryChange]:
+    """What a save into a full list did to make room: the merges first (nothing lost), then what it forgot."""
+    changes = [
+        MemoryChange(ChangeKind.MERGED, m.kept.id, m.kept.list, m.kept.text, m.kept.owner_id, absorbed_id=m.absorbed.id)
+        for m in result.merged
+    ]
+    return changes + [MemoryChange(ChangeKind.MADE_ROOM, m.id, m.list, m.text, m.owner_id) for m in result.forgotten]
 
 
 def build_notices(changes: Sequence[MemoryChange], guild: GuildSettings | None, names: dict[int, str]) -> Notices | None:
@@ -108,26 +120,29 @@ def notice_line(change: MemoryChange, verbosity: str, names: dict[int, str]) -> 
         return f"🗑️ Forgot {which}{ref}{detail}"
     if change.kind == ChangeKind.MADE_ROOM:
         return f"📦 Forgot {which}{ref} to make room{detail}"
+    if change.kind == ChangeKind.MERGED:
+        return f"🧩 To make room, joined #{change.absorbed_id} into {which}{ref}, which now holds both{detail}"
     action = f"save {which}" if change.memory_id is None else f"change memory #{change.memory_id}"
     return f"⚠️ Couldn't {action}{detail}. Reason: {change.reason}"
 
 
 def what_was_done(changes: Sequence[MemoryChange], extra: Sequence[str] = ()) -> str:
-    """The reply when the model only called tools, even when asked for an answer: a short sentence of what it did
-    ("Noted: Juno's cat is called Mochi."), so a person never gets silence or tool JSON. `extra` says what the
-    calls that changed nothing amount to ("I already remember that: ...")."""
+    """The reply when the model wrote no answer after its calls: one line per thing done, so a person never gets
+    silence or tool JSON. Each line starts like a notice ("📝 Saved: ..."), so the bot never shows it to the
+    model as the model's own words: copied once, it became every later reply. `extra` says what the calls that
+    changed nothing amount to ("📝 I already remember that: ...")."""
     said: list[str] = []
     for change in changes:
         text = change.text.strip().rstrip(".")
         if change.kind == ChangeKind.SAVED:
-            said.append(f"Noted: {text}.")
+            said.append(f"📝 Saved: {text}.")
         elif change.kind == ChangeKind.UPDATED:
-            said.append(f"Updated: {text}.")
+            said.append(f"✏️ Updated: {text}.")
         elif change.kind == ChangeKind.FORGOTTEN:
-            said.append(f"Forgotten: memory #{change.memory_id}.")
+            said.append(f"🗑️ Forgot: {text}." if text else f"🗑️ Forgot memory #{change.memory_id}.")
         elif change.kind == ChangeKind.REJECTED:
-            said.append(f"I could not change my memory: {change.reason.rstrip('.')}.")
-    return " ".join(dict.fromkeys([*said, *extra])) or "Done."
+            said.append(f"⚠️ I could not change my memory: {change.reason.rstrip('.')}.")
+    return "\n".join(dict.fromkeys([*said, *extra])) or "📝 Done."
 
 
 def day_notes_notices(

@@ -68,6 +68,9 @@ class Receipt:
     history_messages: int
     tool_rounds: int = 0
     tool_calls_from_text: int = 0  # calls read from the answer's text (the model did not use `tool_calls`)
+    quoted_calls: int = 0  # calls not run because their text already stood in the conversation
+    reply_problems: list[str] = field(default_factory=list)  # what the reply checks took out or turned down
+    asked_again: bool = False  # the first answer could not be posted: the model was asked once more
     model: str | None = None
     changes: list[dict[str, object]] = field(default_factory=list)
     error: str | None = None
@@ -134,6 +137,11 @@ class Receipt:
         if self.tail_tokens:
             parts += " [near the end: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in self.tail_tokens.items()) + "]"
         lines.append(f"tokens: {self.tokens['total']} in total ({parts})")
+        if self.reply_problems:
+            again = " (asked the model again)" if self.asked_again else ""
+            lines.append("reply checks: " + ", ".join(self.reply_problems) + again)
+        if self.quoted_calls:
+            lines.append(f"tool calls not run: {self.quoted_calls} (quoted from the conversation)")
         if self.head_same_as_previous is not None:
             lines.append(
                 "prompt head: " + ("same as the previous reply (cacheable)" if self.head_same_as_previous else "changed")

@@ -11,6 +11,7 @@ reported; nothing else changes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -22,10 +23,11 @@ from typing import Any
 from bot.chat.log import ChatLog
 from bot.chat.messages import IncomingMessage
 from bot.chat.model import ChatModel
-from bot.chat.notices import MemoryChange, Notices, build_notices, what_was_done
+from bot.chat.notices import ChangeKind, MemoryChange, Notices, build_notices, what_was_done
 from bot.chat.receipts import Receipt, ReplyStatus, build_receipt, dry_run_text
+from bot.chat.reply_text import LANGUAGE, ReplyFacts, again_request, check, history_text, honest_sentence, looks_spanish
 from bot.chat.sources import SummarySource, TailSource
-from bot.chat.tools import MemoryTools, ToolContext
+from bot.chat.tools import UNCHANGED, MemoryTools, ToolContext
 from bot.config import Settings
 from bot.memory.models import Conversation, Recall
 from bot.memory.service import MemoryCore
@@ -49,6 +51,7 @@ log = logging.getLogger(__name__)
 APOLOGY = "Sorry, I can't answer right now: my language model did not respond. Please try again in a moment."
 EMPTY_ANSWER = "Sorry, my language model came back with an empty answer. Please try again, or put it another way."
 TOO_LARGE = "Sorry, I can't answer: my instructions alone no longer fit in my context window. An admin needs to shorten them."
+OWN_SENTENCES = frozenset({APOLOGY, EMPTY_ANSWER, TOO_LARGE})  # the bot's, never shown to the model as its words
 
 
 @dataclass
@@ -125,7 +128,7 @@ class ReplyPipeline:
             self._summaries(message),
         )
         context = log_part
-        window = [self._chat_line(row) for row in context["window"]]
+        window = [line for line in (self._chat_line(row) for row in context["window"]) if line.text]
         answered = ChatLine(
             message_id=message.message_id,
             author_id=message.author_id,
@@ -195,7 +198,9 @@ class ReplyPipeline:
             error = str(exc)
 
         changes: list[MemoryChange] = []
-        rounds = calls_from_text = 0
+        rounds = calls_from_text = quoted_calls = 0
+        problems: list[str] = []
+        asked_again = False
         if outcome_prompt is None:
             status, chunks = ReplyStatus.PROMPT_TOO_LARGE, [TOO_LARGE]
         elif not self.model.configured:
@@ -212,10 +217,11 @@ class ReplyPipeline:
                 changes=changes,
                 names={user: names[user] for user in participants if user in names},
             )
-            text, rounds, error = await self.model.converse(outcome_prompt, tools, context)
-            calls_from_text = context.from_text
-            if error is None and not text.strip() and (changes or context.said):  # only calls, even when asked to answer
-                done = what_was_done(changes, context.said)
+            answer = await self.model.converse(outcome_prompt, tools, context)
+            text, rounds, error = answer.text, answer.rounds, answer.error
+            calls_from_text, quoted_calls = context.from_text, answer.quoted
+            if error is None and not text.strip() and (changes or context.said or answer.quoted):  # only calls
+                done = what_was_done(changes, context.said or ([UNCHANGED] if answer.quoted else []))
                 status, chunks = ReplyStatus.REPLIED, split_message(neutralize_mentions(neutralize_broadcasts(done)))
             elif error is None and not text.strip():  # never silence
                 log.warning("Chat model %s answered message %s with no text", settings.chat_model, message.message_id)
@@ -224,7 +230,19 @@ class ReplyPipeline:
             elif error is not None:
                 status, chunks = ReplyStatus.MODEL_ERROR, [APOLOGY]
             else:
-                status, chunks = ReplyStatus.REPLIED, split_message(neutralize_broadcasts(text))
+                asked = {line.message_id: line.text for line in window}
+                facts = ReplyFacts(
+                    answered=message.text,
+                    speakers={**{user: names.get(user, "") for user in participants}, message.author_id: message.author_name},
+                    persona_name=persona_row.name,
+                    earlier_replies=[line.text for line in window if line.from_self],
+                    earlier_asked=[asked.get(line.reply_to or 0, "") for line in window if line.from_self],
+                    done=_done(changes, context.remembered),
+                )
+                posted, problems, asked_again = await self._checked(text, facts, answer.messages, message)
+                if not posted:
+                    posted = what_was_done(changes, context.said) if changes or context.said else honest_sentence(message.text)
+                status, chunks = ReplyStatus.REPLIED, split_message(neutralize_broadcasts(posted))
 
         for change in changes:  # hidden notices are still traceable in the log (without the text: it may be personal)
             log.info(
@@ -241,6 +259,9 @@ class ReplyPipeline:
         )
         receipt.elapsed_ms = int((time.monotonic() - started) * 1000)
         receipt.tool_calls_from_text = calls_from_text
+        receipt.quoted_calls = quoted_calls
+        receipt.reply_problems = problems
+        receipt.asked_again = asked_again
         if status == ReplyStatus.NO_MODEL:
             chunks = split_message(neutralize_mentions(dry_run_text(recall, receipt, names)))
         if outcome_prompt is not None:
@@ -262,6 +283,28 @@ class ReplyPipeline:
             recall=recall,
             error=error,
         )
+
+    async def _checked(
+        self, text: str, facts: ReplyFacts, messages: list[dict[str, Any]], message: IncomingMessage
+    ) -> tuple[str, list[str], bool]:
+        """The reply as it may be posted (`bot.chat.reply_text`), what was wrong, and whether the model was asked
+        again: an answer that is empty once cleaned, an echo of the message or a repeat of an earlier reply gets
+        one more try (without tools); "" when that fails too."""
+        checked = check(text, facts)
+        problems = list(checked.problems)
+        if checked.usable and LANGUAGE not in checked.problems:
+            return checked.text, problems, False
+        request = again_request(checked.problems, message.author_name, looks_spanish(message.text))
+        log.info("Reply to message %s could not be posted as it was (%s); asking the model again", message.message_id,
+                 ", ".join(checked.problems))
+        again, error = await self.model.answer_again([*messages, {"role": "assistant", "content": text}], request,
+                                                     message.message_id)
+        if error is None and again:
+            second = check(again, dataclasses.replace(facts, also_not=(*facts.also_not, request, text)))
+            problems += [problem for problem in second.problems if problem not in problems]
+            if second.usable and LANGUAGE not in second.problems:
+                return second.text, problems, True
+        return (checked.text if checked.usable else ""), problems, True  # the first answer, in the wrong language
 
     async def _summaries(self, message: IncomingMessage) -> list[HeadSummary]:
         """The channel's summaries for the head; a failure to read them is logged and costs the reply nothing else."""
@@ -293,13 +336,16 @@ class ReplyPipeline:
         return items, reports
 
     def _chat_line(self, row: Any) -> ChatLine:
+        """One message of the window. The bot's own messages lose the lines the bot wrote itself (notices, apologies):
+        shown to the model as its words, they are what it copies."""
+        from_self = self.bot_user_id is not None and row["author_id"] == self.bot_user_id
         return ChatLine(
             message_id=row["message_id"],
             author_id=row["author_id"],
             author_name=row["author_name"],
-            text=row["text"],
+            text=history_text(row["text"], OWN_SENTENCES) if from_self else row["text"],
             is_bot=row["is_bot"],
-            from_self=self.bot_user_id is not None and row["author_id"] == self.bot_user_id,
+            from_self=from_self,
             reply_to=row["reply_to"],
         )
 
@@ -313,3 +359,11 @@ class ReplyPipeline:
         found = [message.author_id]
         found += [line.author_id for line in window if not line.is_bot and not line.from_self]
         return [p for p in dict.fromkeys(found) if p != self.bot_user_id]
+
+
+def _done(changes: Sequence[MemoryChange], remembered: bool) -> set[str]:
+    """Which kinds of memory change really ran in this reply, for the check of what the reply claims."""
+    done = {change.kind.value for change in changes if change.kind != ChangeKind.REJECTED}
+    if ChangeKind.MADE_ROOM.value in done:
+        done.add(ChangeKind.FORGOTTEN.value)
+    return done | ({"remembered"} if remembered else set())

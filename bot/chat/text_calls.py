@@ -68,7 +68,7 @@ _MARKERS = re.compile(r'"name"|"arguments"|"parameters"|"ok"|"error"|<\s*/?\s*to
 # Keys of the results the memory tools send back: a small model may echo them as its answer.
 _RESULT_KEYS = frozenset({
     "ok", "error", "memory_id", "forgotten", "forgotten_to_make_room", "already_remembered_as", "text", "note",
-    "similar_memories", "hint",
+    "similar_memories", "hint", "merged_to_make_room", "absorbed",
 })
 
 _UNCLOSED = -1

@@ -13,7 +13,7 @@ from typing import Any
 
 from bot.chat.arguments import as_bool, as_list_name, as_memory_id, as_user_ref
 from bot.chat.messages import IncomingMessage
-from bot.chat.notices import ChangeKind, MemoryChange
+from bot.chat.notices import ChangeKind, MemoryChange, room_changes
 from bot.config import Settings
 from bot.errors import InvalidInput
 from bot.failures import database_sentence
@@ -75,6 +75,9 @@ def memory_tools(*, server: bool, personal: bool, max_chars: int) -> list[dict[s
     ]
 
 
+UNCHANGED = "⚠️ I did not change my memory."  # what a refused call amounts to for people (the model reads why)
+
+
 class ToolCallError(InvalidInput):
     """A tool call refused before touching anything; the sentence goes back to the model as the tool result."""
 
@@ -96,6 +99,7 @@ class ToolContext:
     actions: int = 0  # memory changes tried in this reply
     from_text: int = 0  # calls the model wrote in its text instead of `tool_calls`
     said: list[str] = field(default_factory=list)  # what calls that changed nothing amount to, for a reply of only calls
+    remembered: bool = False  # a save found the fact already remembered (a reply saying "I'll remember" is true)
 
 
 def _memory_id(arguments: dict[str, Any]) -> int:
@@ -182,7 +186,7 @@ class MemoryTools:
         except ToolCallError as exc:
             log.info("Refused a %s tool call for message %s: %s", shown(name), context.message.message_id, exc)
             result = {"ok": False, "error": exc.sentence}
-            context.said.append(f"I could not change my memory: {exc.sentence.rstrip('.')}.")
+            context.said.append(UNCHANGED)
         except Exception as exc:  # a bug or a database failure: this call failed, the reply goes on
             explained = database_sentence(exc)  # a full disk: one sentence, for the model and the log
             if explained is not None:
@@ -276,18 +280,20 @@ class MemoryTools:
         saved = result.saved
         context.shown_ids.add(saved.id)
         if result.repeated:  # nothing new: the memory it repeats counted as used
-            context.said.append(f"I already remember that: {saved.text.rstrip('.')}.")
+            context.said.append(f"📝 I already remember that: {saved.text.rstrip('.')}.")
+            context.remembered = True
             return {"ok": True, "already_remembered_as": saved.id, "text": saved.text, "note": result.detail}
         context.changes.append(MemoryChange(ChangeKind.SAVED, saved.id, saved.list, saved.text, saved.owner_id))
-        for gone in result.forgotten:
-            context.changes.append(MemoryChange(ChangeKind.MADE_ROOM, gone.id, gone.list, gone.text, gone.owner_id))
-            context.shown_ids.discard(gone.id)
+        context.changes += room_changes(result)
+        context.shown_ids.difference_update([gone.id for gone in result.forgotten] + [m.absorbed.id for m in result.merged])
         context.shown_ids.update(memory.id for memory in result.similar)  # so the model may update one of them
-        answer: dict[str, Any] = {
-            "ok": True,
-            "memory_id": saved.id,
-            "forgotten_to_make_room": [{"id": gone.id, "text": gone.text} for gone in result.forgotten],
-        }
+        answer: dict[str, Any] = {"ok": True, "memory_id": saved.id}
+        if result.forgotten:  # only when something went: an empty field's name is what small models turned into prose
+            answer["forgotten_to_make_room"] = [{"id": gone.id, "text": gone.text} for gone in result.forgotten]
+        if result.merged:
+            answer["merged_to_make_room"] = [
+                {"id": m.kept.id, "absorbed": m.absorbed.id, "text": m.kept.text} for m in result.merged
+            ]
         if result.similar:
             answer["similar_memories"] = [{"id": memory.id, "text": memory.text} for memory in result.similar]
             answer["hint"] = "if the new fact replaces one of these, update that memory and forget the new one"
@@ -313,6 +319,7 @@ class MemoryTools:
             context.shown_ids.add(saved.id)
             if not result.repeated:
                 context.changes.append(MemoryChange(ChangeKind.SAVED, saved.id, saved.list, saved.text, saved.owner_id))
+                context.changes += room_changes(result)
             return {
                 "ok": True,
                 "memory_id": saved.id,

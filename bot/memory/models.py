@@ -224,6 +224,16 @@ class Recall:
     prompt keeps when the desk is larger than its share of the budget (bot/memory/desk_ranks.py)."""
 
 
+@dataclass(frozen=True)
+class Merge:
+    """Two memories of a full list joined into one to make room: `kept` (its id stays) now holds both texts;
+    `absorbed` is gone, its text kept among `kept`'s versions, as is `kept_text`, the text `kept` had before."""
+
+    kept: Memory
+    absorbed: Memory
+    kept_text: str
+
+
 @dataclass
 class SaveResult:
     saved: Memory | None
@@ -234,6 +244,7 @@ class SaveResult:
     similar: list[Memory] = field(default_factory=list)  # the closest other memories of the list (for an update)
     replaced_text: str | None = None  # an edit: the text before it
     kept_apart_from: int | None = None  # an update about something else than this memory: saved as new, that one kept
+    merged: list[Merge] = field(default_factory=list)  # memories joined to make room before this save (a full list)
 
     @property
     def ok(self) -> bool:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from bot.memory.models import Memory, MemoryList
-from bot.memory.relatedness import content_stems
+from bot.memory.relatedness import content_stems, same_subject, subject_score
 from bot.summaries.writer import MAX_KEY_DETAILS, RawFact, Written
 
 BOT_TAG = "BOT"
@@ -23,6 +23,11 @@ GROUND_MIN = 0.45  # cosine a fact (the speakers' names left out) needs with one
 GROUND_MARGIN = 0.05  # another person's line this close makes a tie, which the model's `by` breaks
 MAX_SOURCES = 3
 WEEK_DETAIL_MIN = 0.6  # cosine a week's key detail needs with one of its days' checked facts
+CORRECTION = re.compile(  # a line that says it changes something the people said before
+    r"\b(correction|actually|update[ds]?|moved|instead|any ?more|no longer|switched|changed|corrección|en realidad|"
+    r"ya no|me mud[eé]|me he mudado|se cambia|cambiado|cambió|ahora)\b",
+    re.IGNORECASE,
+)
 SELF_WORDS = frozenset({"self", "me", "myself", "speaker", "personal", "person", "themselves", "user"})
 SERVER_WORDS = frozenset({"server", "group", "community", "channel", "everyone", "guild", "all"})
 
@@ -98,8 +103,9 @@ def names_in(text: str, name: str) -> bool:
 class FactCheck:
     """Keeps the facts of a day's answer whose person, subject and support hold; the rest is dropped with a reason."""
 
-    def __init__(self, embed: Embed) -> None:
+    def __init__(self, embed: Embed, update_min_similarity: float = 0.60) -> None:
         self._embed = embed
+        self.update_min_similarity = update_min_similarity
 
     async def check(self, written: Written, day: DayText) -> Checked:
         """Keep the facts whose speaker, subject and support hold; the rest is dropped with a reason."""
@@ -122,8 +128,38 @@ class FactCheck:
                 continue
             seen[key] = len(checked.notes)
             checked.notes.append(note)
+        await self._corrections(checked, day)
         checked.key_details = [note.text for note in checked.notes[:MAX_KEY_DETAILS]]
         return checked
+
+    async def _corrections(self, checked: Checked, day: DayText) -> None:
+        """A correction the model wrote without its `replaces` ("my cat is actually called Luna" with "Juno's cat is
+        called Mochi" remembered): when the line says it changes something (CORRECTION) and one remembered fact of the
+        note's list (personal: the speaker's own) is about the same subject by the unrelated-update guard's rule, the
+        note replaces the closest such fact. Left alone, the old fact would stand beside the new one."""
+        open_notes = [
+            (index, note) for index, note in enumerate(checked.notes)
+            if note.replaces is None and any(CORRECTION.search(line) for line in _lines_of(note, day))
+        ]
+        taken = {note.replaces.id for note in checked.notes if note.replaces is not None}
+        if not open_notes or not day.remembered:
+            return
+        remembered = list(day.remembered.values())
+        vectors = await self._embed([note.text for _, note in open_notes] + [m.text for m in remembered])
+        for row, (index, note) in enumerate(open_notes):
+            scored = []
+            for column, memory in enumerate(remembered):
+                if memory.id in taken or memory.list != note.memory_list:
+                    continue
+                if note.memory_list == MemoryList.PERSONAL and memory.owner_id != note.speaker.user_id:
+                    continue
+                cosine = float(vectors[row] @ vectors[len(open_notes) + column]) if vectors is not None else None
+                if same_subject(memory.text, note.text, cosine, self.update_min_similarity):
+                    scored.append((subject_score(memory.text, note.text, cosine) or 0.0, memory))
+            if scored:
+                best = max(scored, key=lambda pair: pair[0])[1]
+                checked.notes[index] = replace(note, replaces=best)
+                taken.add(best.id)
 
     async def _line_scores(self, facts: list[RawFact], rows: list[dict[str, Any]], day: DayText) -> np.ndarray | None:
         """How well each of the people's lines supports each fact (facts x lines): the best cosine between the fact,
@@ -156,6 +192,9 @@ class FactCheck:
         if any(names_in(fact.text, name) and not names_in(speaker.name, name) for name in day.unnamed):
             return None, "names someone who asked not to be noted (privacy or block)"
         line = next((str(r["text"]) for r in rows if (r["channel_id"], r["message_id"]) == sources[0][:2]), "")
+        small_talk = _small_talk(fact, speaker, line)
+        if small_talk:
+            return None, small_talk
         memory_list = self._list_of(fact, speaker, line)
         if memory_list is None:
             return None, "about someone else"
@@ -268,6 +307,35 @@ def first_person(text: str) -> bool:
     """Whether a text speaks of its speaker in the first person singular (English, or Spanish, which drops the "yo")."""
     words = re.findall(r"[^\W\d_]+(?:['’][^\W\d_]+)?", text.casefold())
     return any(word.replace("’", "'") in FIRST_PERSON for word in words)
+
+
+def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
+    """Why a fact is no fact, or "": small models copy the day's lines into facts, questions and chit-chat included
+    ("Bau: yes, looks great"). A question is never kept; a line copied as it stands is kept only when it speaks in the
+    first person ("I moved to Lisbon") or is about the server (where a plain sentence is the rule itself)."""
+    said = _without_prefix(fact.text, speaker)
+    if said.rstrip().endswith(("?", "¿")):
+        return "a question, not a fact"
+    copied = _words(said) == _words(line) or _words(fact.text) == _words(line)
+    if copied and not first_person(line) and fact.about.strip().casefold() not in SERVER_WORDS:
+        return "small talk copied from a line, not a fact"
+    return ""
+
+
+def _without_prefix(text: str, speaker: Speaker) -> str:
+    """A fact without the "Name:" a model puts before a copied line."""
+    for name in {speaker.name, _first_name(speaker.name), speaker.tag}:
+        text = re.sub(rf"^\s*{re.escape(name)}\s*:\s*", "", text, flags=re.IGNORECASE)
+    return text
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.casefold())
+
+
+def _lines_of(note: Note, day: DayText) -> list[str]:
+    said = {(channel, message) for channel, message, _ in note.sources}
+    return [str(row["text"]) for row in day.rows if (row["channel_id"], row["message_id"]) in said]
 
 
 def _sources(rows: list[dict[str, Any]], chosen: list[int]) -> tuple[tuple[int, int, int], ...]:

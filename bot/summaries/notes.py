@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 
 from bot.chat.log import ChatLog
-from bot.chat.notices import ChangeKind, MemoryChange, Notices, day_notes_notices
+from bot.chat.notices import ChangeKind, MemoryChange, Notices, day_notes_notices, room_changes
 from bot.config import Settings
 from bot.db import Connection
 from bot.embeddings.providers import EmbeddingError
 from bot.memory.models import Memory, MemoryList, NewMemory, SaveResult, Source
+from bot.memory.saves import SaveCheck
 from bot.memory.service import MemoryCore
-from bot.memory.writes import SaveCheck
 from bot.servers.service import Servers
 from bot.summaries import store
 from bot.summaries.facts import BOT_TAG, Checked, DayText, FactCheck, Note, Speaker, clauses
@@ -65,7 +65,7 @@ class DayNotes:
         self.chat_log = chat_log
         self.settings = settings
         self.withdrawals = Withdrawals(chat_log, servers)
-        self.facts = FactCheck(self._embed)
+        self.facts = FactCheck(self._embed, settings.update_min_similarity)
         self.listener: NotesListener | None = None
         self.last: dict[tuple[int, date], Checked] = {}  # the latest check of each channel-day (smoke, benchmarks)
 
@@ -259,7 +259,7 @@ def _changes_of(result: SaveResult, note: Note) -> list[MemoryChange]:
     kind = ChangeKind.UPDATED if note.replaces is not None and result.kept_apart_from is None else ChangeKind.SAVED
     old = result.replaced_text if kind == ChangeKind.UPDATED else None
     changes = [MemoryChange(kind, saved.id, saved.list, saved.text, saved.owner_id, old_text=old)]
-    changes += [MemoryChange(ChangeKind.MADE_ROOM, m.id, m.list, m.text, m.owner_id) for m in result.forgotten]
+    changes += room_changes(result)
     return changes
 
 

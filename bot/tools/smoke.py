@@ -1,11 +1,15 @@
-"""`python -m bot smoke`: a short scripted conversation with the configured chat model, for a person to read.
+"""`python -m bot smoke`: scripted conversations with the configured chat model, for a person to read.
 
 The unit tests talk to a fake chat server that answers exactly as scripted; they cannot tell whether a real
-model (a small local one especially) calls the memory tools, writes its calls as text, or leaks tool JSON
-into its replies. This runs four turns of a new user, Juno, through the same wiring as the bot and the
-console (`open_services`, `ChatService.handle`), on a throwaway database so nobody's memories are touched,
-and prints per turn what a person would check: the time, the reply, the tool calls and what they changed.
-It ends with the stored memories and a one-line verdict (exit 0 on PASS, 1 on FAIL, 2 without a model).
+model (a small local one especially) calls the memory tools, writes its calls as text, leaks tool JSON into its
+replies, or falls into copying what it sees. This runs four turns of a new user, Juno, then a longer conversation
+of three people over three chat days in another channel (`smoke_checks.LONG_SCRIPT`), through the same wiring as
+the bot and the console (`open_services`, `ChatService.handle`), on a throwaway database so nobody's memories are
+touched, and prints per turn what a person would check: the time, the reply, the tool calls and what they
+changed, and what the reply checks found in what was posted (labels, ids, fences, tool wording, repeats, echoes,
+claimed saves, English answers to Spanish). It ends with the stored memories, the figures and a one-line verdict
+(exit 0 on PASS, 1 on FAIL, 2 without a model). `--record FILE` appends the model's raw answers to FILE (JSON
+Lines), for the tests to replay.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from bot import shutdown
 from bot.chat.messages import IncomingMessage
-from bot.chat.model import chat_configured
+from bot.chat.model import Answer, chat_configured
 from bot.chat.receipts import ReplyStatus
+from bot.chat.reply_text import history_text
 from bot.chat.tools import ToolContext
 from bot.clock import ManualClock
 from bot.config import Settings
@@ -32,6 +38,7 @@ from bot.embeddings.providers import Embedder
 from bot.memory.models import MemoryList
 from bot.services import Services, open_services
 from bot.tools.notes_report import day_notes_lines
+from bot.tools.smoke_checks import BAU, LONG_SCRIPT, RIN, AnswerRecorder, ReplyReading, Tally, read_reply
 
 EXIT_PASS, EXIT_FAIL, EXIT_NO_MODEL = 0, 1, 2
 NO_MODEL = (
@@ -39,12 +46,14 @@ NO_MODEL = (
     "CHAT_MODEL=local)."
 )
 
-# Fixed ids, like the console's: the smoke conversation happens in one channel of one server.
+# Fixed ids, like the console's: the smoke conversations happen in two channels of one server.
 BOT_USER_ID = 2
 GUILD_ID = 7_001
 CHANNEL_ID = 7_002
 JUNO_ID = 7_003
 JUNO = "Juno"
+LONG_CHANNEL_ID = 7_004
+PEOPLE = {JUNO: JUNO_ID, RIN: 7_005, BAU: 7_006}
 
 # (days to move the clock forward before the turn, what Juno types)
 SCRIPT: tuple[tuple[int, str], ...] = (
@@ -89,6 +98,8 @@ class TurnReport:
     tool_json: bool
     error: str | None = None
     calls_run: list[str] = field(default_factory=list)
+    author: str = JUNO
+    reading: ReplyReading | None = None
 
     @property
     def calls(self) -> str:
@@ -128,6 +139,25 @@ def _record_calls(services: Services, calls: list[str]) -> None:
     tools.run = recording_run  # type: ignore[method-assign]
 
 
+def _record_answers(services: Services, raw: list[str]) -> None:
+    """Wrap the model's rounds, so each turn knows the model's own answer before the reply checks."""
+    model = services.model
+    converse, again = model.converse, model.answer_again
+
+    async def recording_converse(*args: Any, **kwargs: Any) -> Answer:
+        answer: Answer = await converse(*args, **kwargs)
+        raw.append(answer.text)
+        return answer
+
+    async def recording_again(*args: Any, **kwargs: Any) -> tuple[str, str | None]:
+        text, error = await again(*args, **kwargs)
+        raw.append(text)
+        return text, error
+
+    model.converse = recording_converse  # type: ignore[method-assign]
+    model.answer_again = recording_again  # type: ignore[method-assign]
+
+
 def _change_label(change: dict[str, object]) -> str:
     kind, memory_id, memory_list = change.get("kind"), change.get("memory_id"), change.get("list")
     where = f"{memory_list} #{memory_id}" if memory_id is not None else str(memory_list or "")
@@ -142,11 +172,14 @@ async def run_smoke(
     *,
     database: Database | None = None,
     embedder: Embedder | None = None,
+    record: Path | None = None,
+    long: bool = True,
 ) -> int:
-    """Run the conversation and print the report; 0 on PASS, 1 on FAIL, 2 when no chat model is configured.
+    """Run the conversations and print the report; 0 on PASS, 1 on FAIL, 2 when no chat model is configured.
 
     `database` is an already migrated database to use as is (the tests hand in their fresh one); without
-    it a throwaway database is made and dropped. `embedder` reuses an already loaded one.
+    it a throwaway database is made and dropped. `embedder` reuses an already loaded one. `long` adds the
+    three-person conversation after Juno's four turns; `record` appends the model's raw answers to that file.
     """
     if not chat_configured(settings):
         emit(NO_MODEL)
@@ -158,76 +191,31 @@ async def run_smoke(
         services = await stack.enter_async_context(
             open_services(settings, database=database, embedder=embedder, clock=clock, bot_user_id=BOT_USER_ID)
         )
-        persona = (await services.servers.persona(GUILD_ID)).name
-        calls: list[str] = []
-        _record_calls(services, calls)
+        run = _Run(services, clock, emit, AnswerRecorder(record, settings.chat_model))
+        run.persona = (await services.servers.persona(GUILD_ID)).name
+        _record_calls(services, run.calls)
+        _record_answers(services, run.raw)
         where = settings.chat_base_url or "api.openai.com"
-        emit(f"Smoke test: {len(SCRIPT)} turns as {JUNO} with {settings.chat_model} at {where}")
+        turns = len(SCRIPT) + (len(LONG_SCRIPT) if long else 0)
+        emit(f"Smoke test: {turns} turns ({len(SCRIPT)} as {JUNO}" + (", then three people over three days" if long else "")
+             + f") with {settings.chat_model} at {where}")
         emit("(a throwaway database; the timing is the whole reply, tool rounds included)")
         reports: list[TurnReport] = []
-        message_id = 1_000
-        for number, (days, text) in enumerate(SCRIPT, start=1):
-            if days:
-                clock.current += timedelta(days=days)
-                emit(f"(the clock moves forward {days} day{'s' if days > 1 else ''}: it is now {clock.now():%Y-%m-%d})")
-            else:
-                clock.current += timedelta(minutes=1)
-            message_id += 1
-            incoming = IncomingMessage(
-                message_id=message_id,
-                channel_id=CHANNEL_ID,
-                author_id=JUNO_ID,
-                author_name=JUNO,
-                text=text,
-                created_at=clock.now(),
-                guild_id=GUILD_ID,
-                where='#general in "smoke server"',
-            )
-            calls.clear()
-            started = time.monotonic()
-            outcome = await services.chat.handle(incoming, mentions_bot=True)
-            seconds = time.monotonic() - started
-            if outcome is None:  # cannot happen for a mention in a fresh server; say so rather than crash
-                raise RuntimeError("the bot did not answer a message that mentions it")
-            if outcome.status == ReplyStatus.REPLIED:
-                for chunk in outcome.chunks:  # the bot's own messages are part of the context window, as on Discord
-                    message_id += 1
-                    await services.chat.record(
-                        IncomingMessage(
-                            message_id=message_id,
-                            channel_id=CHANNEL_ID,
-                            author_id=BOT_USER_ID,
-                            author_name=persona,
-                            text=chunk,
-                            created_at=clock.now(),
-                            guild_id=GUILD_ID,
-                            is_bot=True,
-                            reply_to=incoming.message_id,
-                        )
-                    )
-            receipt = outcome.receipt
-            report = TurnReport(
-                number=number,
-                text=text,
-                seconds=seconds,
-                status=outcome.status.value,
-                reply=outcome.text,
-                tool_rounds=receipt.tool_rounds,
-                calls_from_text=receipt.tool_calls_from_text,
-                changes=[_change_label(change.as_dict()) for change in outcome.changes],
-                tool_json=has_tool_json(outcome.text),
-                error=outcome.error,
-                calls_run=list(calls),
-            )
-            reports.append(report)
-            _emit_turn(report, emit)
-
+        for days, text in SCRIPT:
+            reports.append(await run.turn(days, JUNO, text, CHANNEL_ID))
         await _emit_day_summaries(services, emit)
+        if long:
+            emit("")
+            emit(f"A longer conversation in #game-night: {', '.join(PEOPLE)} over three chat days")
+            for days, author, text in LONG_SCRIPT:
+                reports.append(await run.turn(days, author, text, LONG_CHANNEL_ID))
+        run.recorder.write()
         memories = await services.core.all_memories()
+        names = {user: name for name, user in PEOPLE.items()}
         emit("")
         emit(f"Memories stored: {len(memories)}")
         for memory in memories:
-            about = f"about {JUNO}" if memory.owner_id == JUNO_ID else f"owner {memory.owner_id}" if memory.owner_id else ""
+            about = f"about {names.get(memory.owner_id, memory.owner_id)}" if memory.owner_id else ""
             scope = ", ".join(part for part in (memory.list.value, about) if part)
             emit(f"  #{memory.id} [{scope}] {memory.text}")
         remembered = any(
@@ -241,13 +229,110 @@ async def run_smoke(
             problems.append(f"no personal memory of {JUNO} mentions Mochi")
         if leaks:
             problems.append("tool JSON in the reply of turn " + ", ".join(str(n) for n in leaks))
+        if run.tally.failing_turns:
+            problems.append("what people read: " + "; ".join(run.tally.failing_turns))
+        emit(f"Figures: {run.tally.figures()}")
         summary = f"{len(memories)} {'memory' if len(memories) == 1 else 'memories'}, replies {min(times):.1f}-{max(times):.1f} s"
         if problems:
             emit(f"FAIL: {'; '.join(problems)} ({summary})")
             return EXIT_FAIL
-        emit(f"PASS: a personal memory of {JUNO} mentions Mochi and no reply contained tool JSON ({summary})")
+        emit(f"PASS: a personal memory of {JUNO} mentions Mochi, no reply contained tool JSON, and nothing people read "
+             f"had a label, an id, a lone fence, tool wording, a repeat, an echo or a claimed save ({summary})")
         return EXIT_PASS
     raise AssertionError("unreachable")  # pragma: no cover - the exit stack never swallows the return
+
+
+@dataclass
+class _Run:
+    """One smoke run's state: the turns so far, the bot's posted replies per channel, the figures."""
+
+    services: Services
+    clock: ManualClock
+    emit: Callable[[str], None]
+    recorder: AnswerRecorder
+    persona: str = "Deskmate"
+    calls: list[str] = field(default_factory=list)
+    raw: list[str] = field(default_factory=list)
+    tally: Tally = field(default_factory=Tally)
+    posted: dict[int, list[str]] = field(default_factory=dict)  # per channel: the bot's replies as the model sees them
+    number: int = 0
+    message_id: int = 1_000
+
+    async def turn(self, days: int, author: str, text: str, channel_id: int) -> TurnReport:
+        clock, emit, services = self.clock, self.emit, self.services
+        if days:
+            clock.current += timedelta(days=days)
+            emit(f"(the clock moves forward {days} day{'s' if days > 1 else ''}: it is now {clock.now():%Y-%m-%d})")
+        else:
+            clock.current += timedelta(minutes=1)
+        self.number += 1
+        self.message_id += 1
+        author_id = PEOPLE[author]
+        incoming = IncomingMessage(
+            message_id=self.message_id,
+            channel_id=channel_id,
+            author_id=author_id,
+            author_name=author,
+            text=text,
+            created_at=clock.now(),
+            guild_id=GUILD_ID,
+            where=f'#{"general" if channel_id == CHANNEL_ID else "game-night"} in "smoke server"',
+        )
+        self.calls.clear()
+        self.raw.clear()
+        earlier = list(self.posted.get(channel_id, []))
+        started = time.monotonic()
+        outcome = await services.chat.handle(incoming, mentions_bot=True)
+        seconds = time.monotonic() - started
+        if outcome is None:  # cannot happen for a mention in a fresh server; say so rather than crash
+            raise RuntimeError("the bot did not answer a message that mentions it")
+        if outcome.status == ReplyStatus.REPLIED:
+            for chunk in outcome.chunks:  # the bot's own messages are part of the context window, as on Discord
+                self.message_id += 1
+                await services.chat.record(
+                    IncomingMessage(
+                        message_id=self.message_id,
+                        channel_id=channel_id,
+                        author_id=BOT_USER_ID,
+                        author_name=self.persona,
+                        text=chunk,
+                        created_at=clock.now(),
+                        guild_id=GUILD_ID,
+                        is_bot=True,
+                        reply_to=incoming.message_id,
+                    )
+                )
+            shown = history_text(outcome.text)
+            if shown:
+                self.posted.setdefault(channel_id, []).append(shown)
+        receipt = outcome.receipt
+        speakers = {user: name for name, user in PEOPLE.items()}
+        done = {change.kind.value for change in outcome.changes if change.kind.value != "rejected"}
+        if any("already remember" in line for line in outcome.text.splitlines()):
+            done.add("remembered")
+        for raw in self.raw:
+            self.recorder.add(f"turn{self.number}", raw, text, speakers, earlier, done, self.persona)
+        reading = read_reply(outcome.text, text, speakers, self.persona, earlier, done, receipt.reply_problems,
+                             receipt.asked_again) if outcome.status == ReplyStatus.REPLIED else None
+        report = TurnReport(
+            number=self.number,
+            text=text,
+            seconds=seconds,
+            status=outcome.status.value,
+            reply=outcome.text,
+            tool_rounds=receipt.tool_rounds,
+            calls_from_text=receipt.tool_calls_from_text,
+            changes=[_change_label(change.as_dict()) for change in outcome.changes],
+            tool_json=has_tool_json(outcome.text),
+            error=outcome.error,
+            calls_run=list(self.calls),
+            author=author,
+            reading=reading,
+        )
+        if reading is not None:
+            self.tally.add(f"turn {self.number}", reading, text, outcome.text)
+        _emit_turn(report, emit)
+        return report
 
 
 async def _emit_day_summaries(services: Services, emit: Callable[[str], None]) -> None:
@@ -275,7 +360,7 @@ async def _emit_day_summaries(services: Services, emit: Callable[[str], None]) -
 
 def _emit_turn(report: TurnReport, emit: Callable[[str], None]) -> None:
     emit("")
-    emit(f"Turn {report.number} - {JUNO}: {report.text}")
+    emit(f"Turn {report.number} - {report.author}: {report.text}")
     status = "" if report.status == ReplyStatus.REPLIED else f" [{report.status}: {report.error}]"
     emit(f"  reply ({report.seconds:.1f} s){status}: {shorten(report.reply)}")
     emit(f"  tool calls: {report.calls} (tool rounds {report.tool_rounds}, calls read from text {report.calls_from_text})")
@@ -286,11 +371,16 @@ def _emit_turn(report: TurnReport, emit: Callable[[str], None]) -> None:
     if not report.changes:
         emit("    no memory changed")
     emit(f"  tool JSON in the reply: {'YES' if report.tool_json else 'no'}")
+    if report.reading is not None:
+        found = ", ".join(report.reading.problems) or "nothing"
+        fixed = ", ".join(report.reading.fixed) + (" (asked again)" if report.reading.asked_again else "")
+        emit(f"  what people read: {'FOUND ' if report.reading.problems else ''}{found}"
+             + (f"; the bot's checks took out: {fixed}" if report.reading.fixed else ""))
     if report.number == len(SCRIPT):
         emit(f"  the reply names Mochi: {'yes' if 'mochi' in report.reply.casefold() else 'no'}")
 
 
-def run_cli(settings: Settings) -> int:
+def run_cli(settings: Settings, record: Path | None = None, long: bool = True) -> int:
     """`python -m bot smoke`: the HTTP libraries' request logs would bury the report, so they log warnings only.
 
     The bot's own INFO lines (migrations of the throwaway database, refused calls) say nothing the report does
@@ -305,4 +395,4 @@ def run_cli(settings: Settings) -> int:
     def emit(line: str) -> None:
         print(line, flush=True)
 
-    return shutdown.run(run_smoke(settings, emit))
+    return shutdown.run(run_smoke(settings, emit, record=record, long=long))

@@ -1,0 +1,356 @@
+"""What a reply may contain before people read it, and what the model is shown of the bot's earlier words.
+
+Small models copy what they see: the transcript's `Name (user ID):` labels, a lone code fence, the field
+names of a tool result, an earlier reply, the very message they answer. Each of those is a reply nobody
+wants, and once posted it sits in the channel's history where the model sees it again and copies it
+once more. So every reply passes `check` before it is posted:
+
+- a speaker label or user id of anyone in the conversation at its start is cut, and so is a transcript
+  the model went on writing for other speakers, and a `(user 123)` id anywhere;
+- a lone fence, or a plain-text answer wrapped in one, loses the fence;
+- a sentence in tool wording (`memory_id`, "forgotten to make room") goes;
+- a sentence saying a memory was saved, changed or forgotten when no such change ran in this reply goes,
+  and one line says that nothing was saved (people must be able to trust such a sentence);
+- what is left is flagged when it is empty, an echo of the message, or a repeat of an earlier reply:
+  the reply pipeline then asks the model once more, and if that fails too, posts one honest sentence;
+- an English answer to a Spanish message is asked for once more too, but kept if the second try is no better.
+
+`history_text` is the other half: the bot's own fixed sentences (notices, apologies, the line about nothing
+being saved) are not the model's words, so they are never shown to it as such.
+
+Everything here is pure and bounded: it reads model output, which is untrusted.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+
+MAX_COMPARED = 1_000  # characters of each text compared for echoes and repeats (bounded work on long replies)
+ECHO_RATIO = 0.8
+REPEAT_RATIO = 0.9
+REPEAT_MIN_CHARS = 20  # a short "Thanks!" or "You're welcome" may come twice without being a loop
+
+HONEST = "Sorry, I don't have a good answer to that right now. Could you put it another way?"
+HONEST_ES = "Lo siento, ahora mismo no tengo una buena respuesta. ¿Puedes decirlo de otra manera?"
+NOT_SAVED = "(I haven't saved anything to my memory in this reply.)"
+NOT_SAVED_ES = "(No he guardado nada en mi memoria en esta respuesta.)"
+NOTICE_MARKS = ("📝", "✏️", "🗑️", "📦", "⚠️", "🗒️")  # the first character of every notice line the bot writes
+
+# Problems `check` reports (the receipts count them; `make smoke` fails on the ones that reach people).
+LABEL, USER_ID, FENCE, TOOL_WORDING, CLAIM, ECHO, REPEAT, EMPTY, LANGUAGE = (
+    "label", "user id", "fence", "tool wording", "claim", "echo", "repeat", "empty", "language"
+)
+UNUSABLE = frozenset({ECHO, REPEAT, EMPTY})
+
+
+@dataclass(frozen=True)
+class ReplyFacts:
+    """What a reply is checked against: the message it answers, who is in the conversation, the bot's earlier
+    replies, and which memory changes really ran in this reply ("saved", "updated", "forgotten", "remembered")."""
+
+    answered: str
+    speakers: Mapping[int, str] = field(default_factory=dict)
+    persona_name: str = ""
+    earlier_replies: Sequence[str] = ()
+    done: Collection[str] = ()
+    earlier_asked: Sequence[str] = ()  # the message each earlier reply answered ("" when not known), in the same order
+    also_not: Sequence[str] = ()  # other texts the reply must not merely repeat (the request to answer again)
+
+
+@dataclass(frozen=True)
+class CheckedReply:
+    text: str  # what may be posted ("" when nothing usable is left)
+    problems: tuple[str, ...]
+
+    @property
+    def usable(self) -> bool:
+        return bool(self.text) and not UNUSABLE.intersection(self.problems)
+
+
+# --- the bot's own words ---------------------------------------------------------------------------------
+
+_OWN_LINES = (NOT_SAVED, NOT_SAVED_ES, HONEST, HONEST_ES)
+
+
+def is_own_line(line: str) -> bool:
+    """A line the bot itself wrote (a notice, an apology, the note that nothing was saved), not the model."""
+    stripped = line.strip()
+    return stripped.startswith(NOTICE_MARKS) or stripped in _OWN_LINES
+
+
+def history_text(text: str, own_sentences: Collection[str] = ()) -> str:
+    """What the model is shown of one of the bot's earlier messages: without the bot's own lines, so it never
+    reads them as something it said (and copies them). "" when nothing of the model's is left."""
+    if text.strip() in own_sentences:
+        return ""
+    return "\n".join(line for line in text.splitlines() if not is_own_line(line)).strip()
+
+
+# --- language ----------------------------------------------------------------------------------------------
+
+_SPANISH_WORDS = frozenset((
+    "qué", "que", "cómo", "como", "cuándo", "cuando", "dónde", "donde", "por", "para", "el", "la", "los", "las",
+    "una", "uno", "es", "está", "mi", "tu", "sabes", "puedes", "recuerdas", "gracias", "hola", "mañana", "noche",
+    "juego", "libro", "mis", "sus", "pero", "también", "muy",
+))
+
+
+def looks_spanish(text: str) -> bool:
+    """Rough and cheap: enough to word the bot's own fixed sentences in the language of the message."""
+    if "¿" in text or "¡" in text or re.search(r"[ñáéíóú]", text.casefold()):
+        return True
+    words = re.findall(r"\w+", text.casefold())
+    return sum(word in _SPANISH_WORDS for word in words) >= 3
+
+
+def honest_sentence(answered: str) -> str:
+    return HONEST_ES if looks_spanish(answered) else HONEST
+
+
+# --- labels and ids ------------------------------------------------------------------------------------------
+
+_ID_LABEL = r"\(\s*(?:user|bot)\s*[:#]?\s*\d{2,}[^)\n]{0,60}\)"
+_ANY_ID_LABEL = re.compile(r"[ \t]*" + _ID_LABEL)
+_SCAFFOLD = re.compile(
+    r"^\s*\[(?:Message to answer|Recalled memories|More notes|Your reply)[^\]\n]{0,200}\]\s*", re.IGNORECASE
+)
+_FENCE_LINE = re.compile(r"^\s*`{3,}\s*([\w+.#-]*)\s*$")
+_PLAIN_LANGS = frozenset({"", "plaintext", "plain", "text", "txt", "markdown", "md"})
+
+
+def _names_pattern(names: Collection[str]) -> str:
+    cleaned = sorted({" ".join(name.split()) for name in names if name and name.strip()}, key=len, reverse=True)
+    return "|".join(re.escape(name) for name in cleaned[:200])
+
+
+def _label_patterns(facts: ReplyFacts) -> list[re.Pattern[str]]:
+    names = [*facts.speakers.values(), facts.persona_name, "assistant", "bot", "Bot", "Assistant"]
+    known = _names_pattern(names)
+    emphasis = r"[*_]{0,2}"
+    found = [re.compile(rf"^\s*{emphasis}[^\n:()\[\]]{{1,60}}?\s*{_ID_LABEL}\s*{emphasis}\s*:\s*", re.IGNORECASE)]
+    found.append(re.compile(rf"^\s*{emphasis}{_ID_LABEL}\s*{emphasis}\s*:?\s*", re.IGNORECASE))
+    if known:
+        found.append(re.compile(rf"^\s*{emphasis}(?:{known}){emphasis}\s*:\s*", re.IGNORECASE))
+    return found
+
+
+def _strip_labels(text: str, facts: ReplyFacts, problems: list[str]) -> str:
+    patterns = _label_patterns(facts)
+    for _ in range(5):  # "Juno (user 1): Deskmate: hi" - a few labels in a row at most
+        before = text
+        text = _SCAFFOLD.sub("", text, count=1)
+        for pattern in patterns:
+            text = pattern.sub("", text, count=1)
+        if text == before:
+            break
+        problems.append(LABEL)
+    # a transcript the model went on writing: a later line spoken by someone else ends the reply there
+    lines = text.split("\n")
+    for number, line in enumerate(lines[1:], 1):
+        if any(pattern.match(line) for pattern in patterns) or _SCAFFOLD.match(line):
+            text = "\n".join(lines[:number])
+            problems.append(LABEL)
+            break
+    without_ids = _ANY_ID_LABEL.sub("", text)
+    for user_id, name in facts.speakers.items():
+        if len(str(user_id)) >= 6:
+            without_ids = re.sub(rf"(?<![<@!&\d])(?:user\s+)?{user_id}(?!\d|>)", " ".join(name.split()) or "someone", without_ids)
+    if without_ids != text:
+        problems.append(USER_ID)
+    return without_ids
+
+
+# --- fences --------------------------------------------------------------------------------------------------
+
+
+def _strip_fences(text: str, problems: list[str]) -> str:
+    lines = text.strip().split("\n")
+    fences = [number for number, line in enumerate(lines) if _FENCE_LINE.match(line)]
+    if not fences:
+        return text
+    inner = [line for number, line in enumerate(lines) if number not in fences]
+    if not "".join(inner).strip():  # nothing but fences
+        problems.append(FENCE)
+        return ""
+    wrapped = fences == [0, len(lines) - 1] if len(lines) > 1 else False
+    language = _FENCE_LINE.match(lines[0]).group(1).casefold() if wrapped else None  # type: ignore[union-attr]
+    if wrapped and language in _PLAIN_LANGS and not _looks_like_code("\n".join(inner)):
+        problems.append(FENCE)
+        return "\n".join(inner)
+    if len(fences) % 2:  # an unclosed fence: the model stopped, or wrote a lone marker
+        problems.append(FENCE)
+        return "\n".join(line for number, line in enumerate(lines) if number != fences[-1])
+    return text
+
+
+def _looks_like_code(text: str) -> bool:
+    return bool(re.search(r"[{};=]|^\s*(?:def|class|import|return|for|if|function|const|let|var)\b", text, re.MULTILINE))
+
+
+# --- sentences ------------------------------------------------------------------------------------------------
+
+_SENTENCE = re.compile(r"[^.!?\n]*(?:[.!?]+[\"'”’)\]]*|\n|$)")
+_TOOL_WORDING = re.compile(
+    r"\b(?:save_memory|update_memory|forget_memory|memory_id|forgotten_to_make_room|similar_memories|"
+    r"already_remembered_as|about_user|tool_calls?|tool_choice|tool results?)\b|forgotten to make room|"
+    r"already remembered as|\bsimilar memories\b|<\s*/?\s*tool_call|\"(?:ok|error|hint|note)\"\s*:",
+    re.IGNORECASE,
+)
+
+_CLAIMS: dict[str, tuple[re.Pattern[str], ...]] = {
+    "saved": (
+        re.compile(
+            r"\bI(?:'ve| have)\s+(?:now\s+|also\s+|just\s+|already\s+)?(?:saved|stored|noted|recorded|added|written down|"
+            r"made a note|remembered|kept)\b",
+            re.IGNORECASE,
+        ),
+        re.compile(
+            r"\bI(?:'ll| will| am going to|'m going to)\s+(?:now\s+|also\s+|definitely\s+|be sure to\s+|make sure to\s+)?"
+            r"(?:remember|save|store|note|keep (?:that|this|it) in mind|make a note|add)\b",
+            re.IGNORECASE,
+        ),
+        re.compile(r"\bI\s+(?:saved|stored|noted down|recorded)\b", re.IGNORECASE),
+        re.compile(r"\b(?:saved|stored|added)\s+(?:it\s+|that\s+|this\s+)?(?:to|in|into)\s+(?:my\s+)?(?:memory|memories|notes)\b",
+                   re.IGNORECASE),
+        re.compile(r"\b(?:memory|note)\s+(?:has been|was|is now)\s+(?:saved|stored|added|created)\b", re.IGNORECASE),
+        re.compile(r"(?<!no )\b(?:lo |la |los |las )?he\s+(?:guardado|anotado|apuntado|registrado)\b", re.IGNORECASE),
+        re.compile(r"\b(?:recordaré|guardaré|anotaré|apuntaré)\b", re.IGNORECASE),
+    ),
+    "updated": (
+        re.compile(r"\bI(?:'ve| have)\s+(?:now\s+|just\s+|also\s+)?(?:updated|changed|corrected|edited)\b", re.IGNORECASE),
+        re.compile(r"\bI(?:'ll| will)\s+(?:now\s+)?(?:update|correct)\b", re.IGNORECASE),
+        re.compile(r"\b(?:memory|note)\s+(?:has been|was|is now)\s+(?:updated|changed|corrected)\b", re.IGNORECASE),
+        re.compile(r"(?<!no )\bhe\s+(?:actualizado|cambiado|corregido)\b|\bactualizaré\b", re.IGNORECASE),
+    ),
+    "forgotten": (
+        re.compile(r"\bI(?:'ve| have)\s+(?:now\s+|just\s+|also\s+)?(?:forgotten|deleted|removed|erased)\b", re.IGNORECASE),
+        re.compile(r"\bI(?:'ll| will)\s+(?:now\s+)?(?:forget|delete|remove|erase)\b", re.IGNORECASE),
+        re.compile(r"\b(?:memory|note)\s+(?:has been|was|is now)\s+(?:deleted|removed|forgotten|erased)\b", re.IGNORECASE),
+        re.compile(r"(?<!no )\bhe\s+(?:olvidado|borrado|eliminado)\b|\b(?:olvidaré|borraré)\b", re.IGNORECASE),
+    ),
+}
+# what really ran, for each kind of claim
+_BACKED_BY = {
+    "saved": {"saved", "updated", "remembered"},
+    "updated": {"updated", "saved"},
+    "forgotten": {"forgotten"},
+}
+
+
+def _sentences(text: str) -> list[str]:
+    return [part for part in _SENTENCE.findall(text) if part]
+
+
+def claimed(sentence: str) -> set[str]:
+    """The kinds of memory change a sentence says the bot made ("saved", "updated", "forgotten")."""
+    return {kind for kind, patterns in _CLAIMS.items() if any(pattern.search(sentence) for pattern in patterns)}
+
+
+def _drop_sentences(text: str, facts: ReplyFacts, problems: list[str]) -> tuple[str, bool]:
+    """Without the sentences in tool wording and those claiming a change that did not run; whether a claim went."""
+    kept: list[str] = []
+    false_claim = spanish_claim = False
+    for sentence in _sentences(text):
+        if _TOOL_WORDING.search(sentence):
+            problems.append(TOOL_WORDING)
+            kept.append("\n" if sentence.endswith("\n") else "")
+            continue
+        unbacked = {kind for kind in claimed(sentence) if not _BACKED_BY[kind] & set(facts.done)}
+        if unbacked:
+            problems.append(CLAIM)
+            false_claim = True
+            spanish_claim = spanish_claim or looks_spanish(sentence)
+            kept.append("\n" if sentence.endswith("\n") else "")
+            continue
+        kept.append(sentence)
+    cleaned = re.sub(r"[ \t]+\n", "\n", "".join(kept))
+    cleaned = re.sub(r"\n{3,}", "\n\n", cleaned).strip()
+    if false_claim:
+        line = NOT_SAVED_ES if spanish_claim or looks_spanish(facts.answered) else NOT_SAVED
+        cleaned = f"{cleaned}\n{line}" if _has_words(cleaned) else line
+    return cleaned, false_claim
+
+
+# --- echoes and repeats --------------------------------------------------------------------------------------
+
+
+def normalized(text: str) -> str:
+    """Letters and digits in lower case, single-spaced: what two texts are compared by."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join(re.sub(r"[^\w]+", " ", folded).split())[:MAX_COMPARED]
+
+
+def _similar(a: str, b: str) -> float:
+    if not a or not b:
+        return 0.0
+    return SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def is_echo(reply: str, source: str) -> bool:
+    """The reply only says again what it answers: the same words, maybe with a word or two around them."""
+    mine, theirs = normalized(reply), normalized(source)
+    if not mine or not theirs:
+        return False
+    if _similar(mine, theirs) >= ECHO_RATIO:
+        return True
+    return len(theirs) >= 20 and theirs in mine and len(mine) <= len(theirs) + 30
+
+
+def is_repeat(reply: str, earlier: Sequence[str], earlier_asked: Sequence[str] = (), answered: str = "") -> bool:
+    """The reply says again what an earlier reply said, to another question (the same question asked again may get
+    the same answer)."""
+    mine = normalized(reply)
+    if len(mine) < REPEAT_MIN_CHARS:
+        return False
+    question = normalized(answered)
+    for number, before in enumerate(earlier):
+        if _similar(mine, normalized(before)) < REPEAT_RATIO:
+            continue
+        asked = normalized(earlier_asked[number]) if number < len(earlier_asked) else ""
+        if not (asked and question and _similar(asked, question) >= ECHO_RATIO):
+            return True
+    return False
+
+
+def _has_words(text: str) -> bool:
+    return any(character.isalnum() for character in text)
+
+
+# --- the check -------------------------------------------------------------------------------------------------
+
+
+def check(text: str, facts: ReplyFacts) -> CheckedReply:
+    """The reply as it may be posted, and what was wrong with it (see the module docstring)."""
+    problems: list[str] = []
+    cleaned = _strip_labels(text.strip(), facts, problems)
+    cleaned = _strip_fences(cleaned, problems).strip()
+    cleaned = _strip_labels(cleaned, facts, problems).strip()  # a label inside the fence
+    cleaned, _ = _drop_sentences(cleaned, facts, problems)
+    if not _has_words(cleaned):
+        problems.append(EMPTY)
+        cleaned = ""
+    elif any(is_echo(cleaned, source) for source in (facts.answered, *facts.also_not)):
+        problems.append(ECHO)
+    elif is_repeat(cleaned, facts.earlier_replies, facts.earlier_asked, facts.answered):
+        problems.append(REPEAT)
+    elif looks_spanish(facts.answered) and not looks_spanish(cleaned):
+        problems.append(LANGUAGE)  # usable, but worth one more try in the right language
+    return CheckedReply(cleaned, tuple(dict.fromkeys(problems)))
+
+
+def again_request(problems: Collection[str], author_name: str, spanish: bool) -> str:
+    """What the model is told when its answer cannot be posted: short, and nothing it could usefully copy."""
+    if ECHO in problems:
+        why = f"That only repeated {author_name}'s message."
+    elif REPEAT in problems:
+        why = "That repeated one of your earlier replies."
+    elif LANGUAGE in problems:
+        why = f"{author_name} wrote in Spanish."
+    else:
+        why = "That had no answer in it."
+    language = " Answer in Spanish." if spanish else ""
+    return f"[{why} Answer {author_name} now in your own words, briefly, with no name or label in front.{language}]"

@@ -1,0 +1,190 @@
+"""The reply checks (`bot.chat.reply_text`) on what small models really wrote: each failure people saw is a case here.
+
+The first cases are replies seen with llama.cpp and Qwen2.5-Coder 1.5B/0.5B before the checks existed; the
+recorded answers of later runs are replayed from tests/data/replies-qwen2.5-coder.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bot.chat.reply_text import (
+    CLAIM,
+    ECHO,
+    EMPTY,
+    FENCE,
+    LABEL,
+    NOT_SAVED,
+    NOT_SAVED_ES,
+    REPEAT,
+    TOOL_WORDING,
+    USER_ID,
+    ReplyFacts,
+    check,
+    history_text,
+    honest_sentence,
+    is_own_line,
+)
+
+JUNO, BAU, RIN = 35422606562367, 105407232310802, 223525073110616
+SPEAKERS = {JUNO: "Juno", BAU: "Bau", RIN: "Rin"}
+RECORDED = Path(__file__).parent / "data" / "replies-qwen2.5-coder.jsonl"
+
+
+def facts(answered: str = "hi", *, earlier: tuple[str, ...] = (), done: tuple[str, ...] = ()) -> ReplyFacts:
+    return ReplyFacts(answered=answered, speakers=SPEAKERS, persona_name="Deskmate", earlier_replies=earlier, done=done)
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("Juno (user 35422606562367): sorry, but I can't help you.", "sorry, but I can't help you."),
+        ("Deskmate: Game night is on Friday!", "Game night is on Friday!"),
+        ("**Rin**: Happy birthday!", "Happy birthday!"),
+        ("(user 105407232310802): Sure thing.", "Sure thing."),
+        ("Someone New (user 999999999): hello there", "hello there"),
+        ("[Message to answer, 2026-11-03 18:00 UTC, #general]\nIt's on Friday.", "It's on Friday."),
+    ],
+)
+def test_a_speaker_label_or_id_at_the_start_is_cut(reply: str, expected: str) -> None:
+    checked = check(reply, facts("when is game night?"))
+    assert checked.text == expected and checked.usable
+    assert LABEL in checked.problems or USER_ID in checked.problems
+
+
+def test_a_transcript_the_model_goes_on_writing_ends_at_the_next_speaker() -> None:
+    reply = "Friday at 8!\nBau (user 105407232310802): cool, see you there\nDeskmate: see you!"
+    checked = check(reply, facts("when is game night?"))
+    assert checked.text == "Friday at 8!" and LABEL in checked.problems
+
+
+def test_an_id_inside_the_reply_becomes_the_name() -> None:
+    checked = check(f"I think user {BAU} said that, and Rin (user {RIN}) agreed.", facts("who said that?"))
+    assert checked.text == "I think Bau said that, and Rin agreed." and USER_ID in checked.problems
+
+
+@pytest.mark.parametrize("reply", ["```", "```plaintext", "```plaintext\n```", "  ```\n\n```  "])
+def test_a_fence_only_reply_is_empty(reply: str) -> None:
+    checked = check(reply, facts("can you recommend a sci-fi novel?"))
+    assert checked.text == "" and not checked.usable and EMPTY in checked.problems and FENCE in checked.problems
+
+
+def test_plain_text_in_a_fence_is_unwrapped_and_code_is_kept() -> None:
+    assert check("```plaintext\nTry Dune by Frank Herbert.\n```", facts()).text == "Try Dune by Frank Herbert."
+    code = "Here:\n```python\nprint('hi')\n```"
+    assert check(code, facts("how do I print in python?")).text == code
+    assert check("Sure!\n```", facts("anything?")).text == "Sure!"  # an unclosed fence at the end
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "There are no forgotten to make room tasks. Game night is on Friday.",
+        'Game night is on Friday. {"ok": true, "memory_id": 3}',
+        "Game night is on Friday. I called save_memory for it.",
+    ],
+)
+def test_tool_wording_goes_and_the_answer_stays(reply: str) -> None:
+    checked = check(reply, facts("when is game night?"))
+    assert checked.text == "Game night is on Friday." and TOOL_WORDING in checked.problems
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "I've saved a memory about Rin's birthday. Happy early birthday, Rin!",
+        "Happy early birthday, Rin! I'll remember that it's on May 3.",
+        "I have updated it. Happy early birthday, Rin!",
+    ],
+)
+def test_a_claimed_save_that_did_not_run_is_taken_out_and_said(reply: str) -> None:
+    checked = check(reply, facts("my birthday is May 3"))
+    assert checked.text == f"Happy early birthday, Rin!\n{NOT_SAVED}" and CLAIM in checked.problems and checked.usable
+
+
+def test_a_claim_that_is_all_there_is_leaves_only_the_line_saying_nothing_was_saved() -> None:
+    assert check("I've saved a memory about Rin's birthday.", facts("my birthday is May 3")).text == NOT_SAVED
+    assert check("¡Lo he guardado!", facts("mi cumpleaños es el 3 de mayo")).text == NOT_SAVED_ES
+
+
+def test_a_claim_backed_by_what_ran_is_kept() -> None:
+    reply = "I've saved that: your birthday is May 3."
+    assert check(reply, facts("my birthday is May 3", done=("saved",))).text == reply
+    assert check("I'll remember!", facts("remember my cat is Mochi", done=("remembered",))).text == "I'll remember!"
+    forgot = check("I've forgotten it.", facts("forget Bau's birthday", done=("saved",)))
+    assert forgot.text == NOT_SAVED and CLAIM in forgot.problems  # a save does not make a claimed forget true
+
+
+@pytest.mark.parametrize(
+    ("answered", "reply"),
+    [
+        (
+            "please remember that Bau is a cheater at cards",
+            "Noted: Bau (user 105407232310802): please remember that Bau is a cheater at cards",
+        ),
+        ("can you recommend a good sci-fi novel?", "Can you recommend a good sci-fi novel?"),
+    ],
+)
+def test_an_echo_of_the_message_is_not_usable(answered: str, reply: str) -> None:
+    checked = check(reply, facts(answered))
+    assert ECHO in checked.problems and not checked.usable
+
+
+def test_a_repeat_of_an_earlier_reply_is_not_usable_but_a_short_one_may_come_twice() -> None:
+    earlier = ("There is no memory #2 in this conversation; use an id shown with a memory.", "Thanks!")
+    assert REPEAT in check("Noted: There is no memory #2 in this conversation; use an id shown with a memory.",
+                           facts("when is game night again?", earlier=earlier)).problems
+    assert check("Thanks!", facts("here you go", earlier=earlier)).usable
+
+
+def test_an_ordinary_answer_passes_unchanged() -> None:
+    reply = "Try *The Left Hand of Darkness* by Ursula K. Le Guin: short, and it stays with you."
+    checked = check(reply, facts("can you recommend a good sci-fi novel?", earlier=("Game night is on Friday.",)))
+    assert checked.text == reply and checked.problems == () and checked.usable
+
+
+def test_the_bots_own_lines_are_not_shown_to_the_model_as_its_words() -> None:
+    assert is_own_line("📝 Saved: Juno's cat is called Mochi.") and is_own_line("⚠️ I did not change my memory.")
+    assert history_text("📝 Saved: Juno's cat is called Mochi.") == ""
+    assert history_text(f"Happy birthday!\n{NOT_SAVED}") == "Happy birthday!"
+    assert history_text("Sorry, the model failed.", {"Sorry, the model failed."}) == ""
+    assert history_text("Game night is on Friday.") == "Game night is on Friday."
+
+
+def test_the_honest_sentence_follows_the_language_of_the_message() -> None:
+    assert honest_sentence("¿Cuándo es la noche de juegos?") != honest_sentence("When is game night?")
+
+
+def recorded() -> list[dict[str, object]]:
+    if not RECORDED.exists():
+        return []
+    return [json.loads(line) for line in RECORDED.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("record", recorded(), ids=lambda record: str(record["id"]))
+def test_recorded_answers_of_the_local_models_leave_nothing_people_should_not_read(record: dict[str, object]) -> None:
+    """Each raw answer of a real run, checked as the bot checks it: what would be posted has no label or id at its
+    start, no lone fence, no tool wording, no unbacked claim; and what the run flagged is flagged again."""
+    speakers = {int(user): name for user, name in dict(record["speakers"]).items()}  # type: ignore[arg-type]
+    checked = check(
+        str(record["raw"]),
+        ReplyFacts(
+            answered=str(record["answered"]),
+            speakers=speakers,
+            persona_name="Deskmate",
+            earlier_replies=tuple(record.get("earlier", ())),  # type: ignore[arg-type]
+            done=tuple(record.get("done", ())),  # type: ignore[arg-type]
+        ),
+    )
+    assert set(checked.problems) == set(record["problems"])  # type: ignore[arg-type]
+    again = check(checked.text, ReplyFacts(answered=str(record["answered"]), speakers=speakers, persona_name="Deskmate",
+                                           done=tuple(record.get("done", ()))))  # type: ignore[arg-type]
+    assert not {LABEL, USER_ID, FENCE, TOOL_WORDING, CLAIM} & set(again.problems), again
+
+
+def test_the_line_saying_nothing_was_saved_is_no_claim_itself() -> None:
+    for line in (NOT_SAVED, NOT_SAVED_ES, "I haven't saved that yet.", "No he guardado nada."):
+        assert CLAIM not in check(line, facts("hola")).problems
