@@ -253,7 +253,7 @@ class MemorySaves:
         vector: Vector | None, search_available: bool,
     ) -> Memory:
         """The memory a full list forgets when nothing could be merged, or `_Refused` with the reason."""
-        nothing_merges = "no two memories in it belong together within MERGE_MAX_CHARS"
+        nothing_merges = "no two memories in it belong together closely enough to be joined into one"
         if not self.decay.active:
             raise _Refused(_rejected(Rejection.LIST_FULL, f"the list is full, {nothing_merges}, and memory decay is "
                                      "off, so nothing can be forgotten"))

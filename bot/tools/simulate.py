@@ -269,6 +269,10 @@ class ScenarioRun:
             "forgotten": forgotten[0] if forgotten else None,
             "rejected": result.rejected.value if result.rejected else None,
         }
+        for merge in result.merged:  # the absorbed label is gone; its text lives on in the kept memory
+            absorbed = self.label_of.pop(merge.absorbed.id, None)
+            self.id_of.pop(absorbed or "", None)
+            out.setdefault("merged", []).append([absorbed, self.label_of.get(merge.kept.id)])
 
     async def change(self, number: int, step: dict[str, Any], out: dict[str, Any]) -> None:
         label = step["memory"]
