@@ -144,7 +144,7 @@ class Settings:
 
     def with_overrides(self, **changes: object) -> Settings:
         """A copy with some fields replaced (used by the simulator's `settings` step)."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]  # fields by name, each given its own type
 
     def redacted(self) -> dict[str, object]:
         """The settings as a dict safe to log: secrets and passwords are masked."""

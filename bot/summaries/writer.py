@@ -250,7 +250,7 @@ class SummaryWriter:
     async def _complete_now(self, messages: list[dict[str, str]]) -> str:
         try:
             async with asyncio.timeout(self.settings.summary_timeout_s):
-                completion = await self.client.chat.completions.create(  # type: ignore[call-overload]
+                completion = await self.client.chat.completions.create(  # type: ignore[call-overload]  # the output limit is named per endpoint
                     model=self.model,
                     messages=messages,
                     temperature=0.2,
