@@ -506,3 +506,27 @@ async def test_a_fact_joining_what_two_people_said_keeps_only_the_named_persons_
     assert [(m.owner_id, m.text) for m in await memories(world)] == [(BAU, "Bau: have a birthday on March 3")]
     dropped = world.services.summaries.notes.last[(CHANNEL, MONDAY)].dropped
     assert [(fact.text, why) for fact, why in dropped] == [("I moved here", "part of a fact said by someone else")]
+
+
+async def test_an_unmarked_correction_of_a_server_fact_changes_it_only_for_a_speaker_who_may(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await say(world, MONDAY, [(JUNO, "the group exam is on May 12, room B4")], author_can_manage=True)
+    summarizer.text(facts(("P1", "server", "The group exam is on May 12 in room B4")))
+    await end_day(world, MONDAY)
+    assert len(await memories(world)) == 1
+    tuesday = MONDAY + timedelta(days=1)
+    await say(world, tuesday, [(RIN, "heads up: the group exam moved to May 19, same room")])  # no Manage Server
+    summarizer.text(facts(("P2", "server", "The group exam is on May 19")))
+    await end_day(world, tuesday)
+    texts = sorted(m.text for m in await memories(world))
+    assert texts == ["The group exam is on May 12 in room B4", "The group exam is on May 19"]  # saved beside, not refused
+    assert told(world).notices[-1][2].lines[0] == f"🗒️ What I noted from Tue {tuesday.isoformat()}: 1 new memory"
+
+    wednesday = MONDAY + timedelta(days=2)
+    await say(world, wednesday, [(JUNO, "update: the group exam moved to May 26")], author_can_manage=True)
+    summarizer.text(facts(("P2", "server", "The group exam is on May 26")))
+    await end_day(world, wednesday)
+    assert told(world).notices[-1][2].lines[0] == f"🗒️ What I noted from Wed {wednesday.isoformat()}: 0 new memories, 1 updated"
+    texts = sorted(m.text for m in await memories(world))
+    assert "The group exam is on May 26" in texts and len(texts) == 2  # the closest of the two was corrected

@@ -181,8 +181,9 @@ class FactCheck:
     async def _corrections(self, checked: Checked, day: DayText) -> None:
         """A correction the model wrote without its `replaces` ("my cat is actually called Luna" with "Juno's cat is
         called Mochi" remembered): when the line says it changes something (CORRECTION) and one remembered fact of the
-        note's list (personal: the speaker's own) is about the same subject by the unrelated-update guard's rule, the
-        note replaces the closest such fact. Left alone, the old fact would stand beside the new one."""
+        note's list (personal: the speaker's own; server: only for a speaker with Manage Server; never a protected one) is
+        about the same subject by the unrelated-update guard's rule, the note replaces the closest such fact. Left alone,
+        the old fact would stand beside the new one."""
         open_notes = [
             (index, note) for index, note in enumerate(checked.notes)
             if note.replaces is None and any(CORRECTION.search(line) for line in _lines_of(note, day))
@@ -195,7 +196,9 @@ class FactCheck:
         for row, (index, note) in enumerate(open_notes):
             scored = []
             for column, memory in enumerate(remembered):
-                if memory.id in taken or memory.list != note.memory_list:
+                if memory.id in taken or memory.list != note.memory_list or memory.protected:
+                    continue  # a guess may not turn a new fact into a refused change: only what the speaker may change
+                if note.memory_list == MemoryList.SERVER and not note.speaker.can_manage:
                     continue
                 if note.memory_list == MemoryList.PERSONAL and memory.owner_id != note.speaker.user_id:
                     continue
