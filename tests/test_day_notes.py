@@ -530,3 +530,10 @@ async def test_an_unmarked_correction_of_a_server_fact_changes_it_only_for_a_spe
     assert told(world).notices[-1][2].lines[0] == f"🗒️ What I noted from Wed {wednesday.isoformat()}: 0 new memories, 1 updated"
     texts = sorted(m.text for m in await memories(world))
     assert "The group exam is on May 26" in texts and len(texts) == 2  # the closest of the two was corrected
+
+
+async def test_a_question_that_also_tells_a_fact_in_the_first_person_is_kept(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [(JUNO, "my birthday is on June 9, will you remember it?")])
+    summarizer.text(facts(("P1", "self", "my birthday is on June 9, will you remember it?")))
+    await end_day(world, MONDAY)
+    assert [m.text for m in await memories(world)] == ["Juno: my birthday is on June 9, will you remember it?"]

@@ -360,10 +360,12 @@ def first_person(text: str) -> bool:
 
 def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
     """Why a fact is no fact, or "": small models copy the day's lines into facts, questions and chit-chat included
-    ("Bau: yes, looks great"). A question is never kept; a line copied as it stands is kept only when it speaks in the
-    first person ("I moved to Lisbon") or is about the server (where a plain sentence is the rule itself)."""
+    ("Bau: yes, looks great"). A question is kept only when it also tells something in the first person ("my
+    birthday is March 3, will you remember?"); a copied line (COPIED_SHARE of the fact's words, the speaker's name
+    aside, are the line's: "Rin thanks! la ciudad es preciosa" for "gracias! la ciudad es preciosa") is kept only
+    when it speaks in the first person ("I moved to Lisbon") or is about the server (a plain sentence is the rule)."""
     said = _without_prefix(fact.text, speaker)
-    if said.rstrip().endswith(("?", "¿")):
+    if said.rstrip().endswith("?") and not first_person(said):
         return "a question, not a fact"
     names = set(_words(f"{speaker.name} {speaker.tag}"))
     own = [word for word in _words(said) if word not in names]
