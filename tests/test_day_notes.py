@@ -450,6 +450,7 @@ async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(worl
         (RIN, "gracias! la ciudad es preciosa"),
         (JUNO, "lol nice. anyone seen the new Zelda trailer?"),
         (BAU, "game night is every Friday at 8pm on this server"),
+        (BAU, "the group exam is on May 12, room B4"),
     ])
     summarizer.text(facts(  # what Qwen2.5-Coder 1.5B answered: the lines copied, each behind its speaker's name
         ("P1", "self", "Juno: big news: I moved to Lisbon last week, new job there"),
@@ -458,11 +459,13 @@ async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(worl
         ("P3", "self", "Rin thanks! la ciudad es preciosa"),  # copied with a word translated
         ("P1", "self", "Juno: lol nice. anyone seen the new Zelda trailer?"),
         ("P2", "server", "game night is every Friday at 8pm on this server"),
+        ("P2", "self", "the group exam is on May 12, room B4"),  # a plan copied as "self": still the group's
     ))
     await end_day(world, MONDAY)
     assert sorted((m.list, m.text) for m in await memories(world)) == [
         (MemoryList.PERSONAL, "Juno: big news: I moved to Lisbon last week, new job there"),
         (MemoryList.SERVER, "game night is every Friday at 8pm on this server"),
+        (MemoryList.SERVER, "the group exam is on May 12, room B4"),
     ]
     reasons = {fact.text: why for fact, why in world.services.summaries.notes.last[(CHANNEL, MONDAY)].dropped}
     assert reasons == {

@@ -29,6 +29,12 @@ CORRECTION = re.compile(  # a line that says it changes something the people sai
     re.IGNORECASE,
 )
 COPIED_SHARE = 0.75
+PLAN = re.compile(  # what makes a copied line a plan or rule of the group rather than small talk: a number, a day, a month
+    r"\d|\b(monday|tuesday|wednesday|thursday|friday|saturday|sunday|weekend|january|february|march|april|may|june|july|"
+    r"august|september|october|november|december|lunes|martes|miércoles|jueves|viernes|sábado|domingo|enero|febrero|"
+    r"marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|server|servidor|group|grupo)\b",
+    re.IGNORECASE,
+)
 SELF_WORDS = frozenset({"self", "me", "myself", "speaker", "personal", "person", "themselves", "user"})
 SERVER_WORDS = frozenset({"server", "group", "community", "channel", "everyone", "guild", "all"})
 
@@ -363,7 +369,8 @@ def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
     ("Bau: yes, looks great"). A question is kept only when it also tells something in the first person ("my
     birthday is March 3, will you remember?"); a copied line (COPIED_SHARE of the fact's words, the speaker's name
     aside, are the line's: "Rin thanks! la ciudad es preciosa" for "gracias! la ciudad es preciosa") is kept only
-    when it speaks in the first person ("I moved to Lisbon") or is about the server (a plain sentence is the rule)."""
+    when it speaks in the first person ("I moved to Lisbon"), is about the server, or names a number, a day, a month, the
+    group or the server (PLAN: "the group exam is on May 12, room B4" is a plan, whatever `about` the model wrote)."""
     said = _without_prefix(fact.text, speaker)
     if said.rstrip().endswith("?") and not first_person(said):
         return "a question, not a fact"
@@ -371,7 +378,7 @@ def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
     own = [word for word in _words(said) if word not in names]
     heard = set(_words(line))
     copied = bool(own) and sum(word in heard for word in own) >= COPIED_SHARE * len(own)
-    if copied and not first_person(line) and fact.about.strip().casefold() not in SERVER_WORDS:
+    if copied and not first_person(line) and fact.about.strip().casefold() not in SERVER_WORDS and not PLAN.search(line):
         return "small talk copied from a line, not a fact"
     return ""
 
