@@ -540,3 +540,10 @@ async def test_a_question_that_also_tells_a_fact_in_the_first_person_is_kept(wor
     summarizer.text(facts(("P1", "self", "my birthday is on June 9, will you remember it?")))
     await end_day(world, MONDAY)
     assert [m.text for m in await memories(world)] == ["Juno: my birthday is on June 9, will you remember it?"]
+
+
+async def test_a_personal_fact_needs_a_line_in_the_first_person(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [(JUNO, "my dog Taco turned five today!"), (SAM, "happy birthday Taco")])
+    summarizer.text(facts(("P1", "self", "Juno's dog Taco turned five today"), ("P2", "self", "Sam is happy birthday to Taco")))
+    await end_day(world, MONDAY)  # what Qwen2.5-Coder 1.5B made of Sam's wishes
+    assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno's dog Taco turned five today")]

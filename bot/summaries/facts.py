@@ -378,8 +378,10 @@ def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
     own = [word for word in _words(said) if word not in names]
     heard = set(_words(line))
     copied = bool(own) and sum(word in heard for word in own) >= COPIED_SHARE * len(own)
-    if copied and not first_person(line) and fact.about.strip().casefold() not in SERVER_WORDS and not PLAN.search(line):
-        return "small talk copied from a line, not a fact"
+    if not first_person(line) and fact.about.strip().casefold() not in SERVER_WORDS and not PLAN.search(line):
+        if copied:
+            return "small talk copied from a line, not a fact"
+        return "a line not about its speaker (no first person) and no plan of the group"
     return ""
 
 
