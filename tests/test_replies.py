@@ -14,7 +14,6 @@ import pytest
 
 from bot.chat.reply import ReplyOutcome, ReplyPipeline
 from bot.chat.reply_text import HONEST, HONEST_ES, NOT_SAVED
-from bot.chat.tools import UNCHANGED
 from bot.clock import ManualClock
 from bot.memory.models import MemoryList, NewMemory
 from bot.services import build_services
@@ -53,10 +52,11 @@ async def test_the_bots_own_lines_never_reach_the_model_as_its_words(
     """The "Noted:" loop: a reply the bot wrote itself (the model gave only calls) was shown back as the model's words,
     and the model copied it in every later reply. Now the answer is asked for without tools, and the bot's line is
     marked as its own and left out of what the model sees."""
-    chat.tool_calls(("save_memory", MOCHI)).tool_calls(("save_memory", MOCHI))
+    chat.tool_calls(("save_memory", MOCHI)).tool_calls(("save_memory", MOCHI)).tool_calls(("save_memory", MOCHI))
     first = await turn(pipeline, clock, JUNO, "please remember my cat is called Mochi")
-    assert first.chunks == ["📝 Saved: Juno's cat is called Mochi."]
+    assert first.chunks == ["📝 Saved: Juno's cat is called Mochi."]  # asked for the answer twice, it wrote calls
     assert "tools" in chat.requests[0] and "tools" not in chat.requests[1] and "tool_choice" not in chat.requests[1]
+    assert len(chat.requests) == 3 and "tools" not in chat.requests[2]
 
     chat.text("Try Dune.")
     second = await turn(pipeline, clock, RIN, "can you recommend a good sci-fi novel?")
@@ -143,11 +143,25 @@ async def test_a_call_quoted_from_another_member_is_not_run(
     assert outcome.receipt.quoted_calls == 1 and outcome.receipt.tool_rounds == 0 and outcome.changes == []
     assert "forget_memory" not in outcome.text and "{" not in outcome.text
 
-    chat.tool_calls(("forget_memory", {"memory_id": saved.saved.id}))  # the same, as a native call
+    chat.tool_calls(("forget_memory", {"memory_id": saved.saved.id}))  # the same, as a native call: not run, and
+    chat.text("Sam posted a request to forget rule 1.")  # the model is asked for an answer once more
     outcome = await turn(pipeline, clock, JUNO, "and now?", author_can_manage=True)
     assert [m.text for m in await pipeline.core.all_memories()] == ["Rule 1: be kind"] and outcome.receipt.quoted_calls == 1
-    assert outcome.chunks == [UNCHANGED] and len(chat.requests) == 2
+    assert outcome.chunks == ["Sam posted a request to forget rule 1."] and len(chat.requests) == 3
 
     chat.tool_calls(("forget_memory", {"memory_id": saved.saved.id, "reason": "asked"})).text("Forgotten.")
     outcome = await turn(pipeline, clock, JUNO, f"please forget memory #{saved.saved.id}", author_can_manage=True)
     assert await pipeline.core.all_memories() == [] and outcome.receipt.quoted_calls == 0
+
+
+async def test_an_empty_answer_or_only_calls_after_the_tools_are_asked_for_once_more(
+    pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock
+) -> None:
+    """Small models often stop after their call, or answer nothing: the question still deserves its answer."""
+    chat.text("").text("Paris.")
+    outcome = await turn(pipeline, clock, JUNO, "What's the capital of France?")
+    assert outcome.chunks == ["Paris."] and outcome.receipt.asked_again
+
+    chat.tool_calls(("save_memory", MOCHI)).text("").text("Mochi is a lovely name!")
+    outcome = await turn(pipeline, clock, JUNO, "my cat is called Mochi")
+    assert outcome.chunks == ["Mochi is a lovely name!"] and [c.kind.value for c in outcome.changes] == ["saved"]

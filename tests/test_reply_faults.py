@@ -87,9 +87,9 @@ async def test_embedder_garbage_mid_reply_changes_no_counter_and_forgets_nothing
         [refused, saved] = outcome.changes
         assert refused.kind == ChangeKind.REJECTED and "embedding model is unavailable" in refused.reason
         assert saved.kind == ChangeKind.SAVED and saved.memory_list == MemoryList.PERSONAL
-        assert outcome.notices is not None and "Reason: the list is full and the embedding model is unavailable" in (
-            outcome.notices.lines[0]
-        )
+        assert outcome.notices is not None
+        assert "Reason: the list is full" in outcome.notices.lines[0]
+        assert "the embedding model is unavailable" in outcome.notices.lines[0]
         waiting = await pool.fetchval(  # type: ignore[attr-defined]
             "SELECT count(*) FROM memories m WHERE NOT EXISTS (SELECT 1 FROM memory_vectors v WHERE v.memory_id = m.id)"
         )
@@ -119,7 +119,8 @@ async def test_a_model_that_never_stops_calling_tools_is_cut_off_with_an_answer(
     for number in range(10):  # it calls even when asked for the answer with no tools offered
         chat.tool_calls(("save_memory", {"text": f"Loop fact number {number}", "list": "server"}))
     outcome = await pipeline.reply(said("remember everything forever", clock))
-    assert len(chat.requests) == 2 and "tools" not in chat.requests[-1]  # one round, then the answer
+    # one round, then the answer, asked for twice: no tools in either
+    assert len(chat.requests) == 3 and "tools" not in chat.requests[1] and "tools" not in chat.requests[2]
     assert [change.kind for change in outcome.changes] == [ChangeKind.SAVED]  # the answer's calls are not run
     assert sorted(m.text for m in await pipeline.core.all_memories()) == ["Loop fact number 0"]
     # never silence, never tool JSON: a short sentence of what was done
@@ -143,9 +144,10 @@ async def test_a_model_that_never_stops_calling_tools_is_cut_off_with_an_answer(
 async def test_empty_or_broken_answers_get_a_short_apology(
     pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock, answer: str
 ) -> None:
-    chat.raw(answer)
+    chat.raw(answer).raw(answer)  # an empty answer is asked for once more
     outcome = await pipeline.reply(said("hello?", clock))
     assert outcome.status == ReplyStatus.MODEL_ERROR and outcome.chunks in ([APOLOGY], [EMPTY_ANSWER])
+    chat.script.clear()
     assert all(0 < len(chunk) < 200 for chunk in outcome.chunks)
     assert (await pipeline.reply(said("still there?", clock))).chunks == ["ok"]
 

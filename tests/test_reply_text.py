@@ -28,6 +28,7 @@ from bot.chat.reply_text import (
     honest_sentence,
     is_own_line,
 )
+from bot.tools.smoke_checks import posted_part
 
 JUNO, BAU, RIN = 35422606562367, 105407232310802, 223525073110616
 SPEAKERS = {JUNO: "Juno", BAU: "Bau", RIN: "Rin"}
@@ -170,7 +171,7 @@ def test_recorded_answers_of_the_local_models_leave_nothing_people_should_not_re
     start, no lone fence, no tool wording, no unbacked claim; and what the run flagged is flagged again."""
     speakers = {int(user): name for user, name in dict(record["speakers"]).items()}  # type: ignore[arg-type]
     checked = check(
-        str(record["raw"]),
+        posted_part(str(record["raw"])),
         ReplyFacts(
             answered=str(record["answered"]),
             speakers=speakers,

@@ -92,6 +92,7 @@ class _Rounds:
     rounds: int = 0
     quoted: int = 0  # calls not run: their text already stood in the conversation (a quotation, not a call)
     messages: list[dict[str, Any]] = field(default_factory=list)  # the last request's messages
+    raw: str = ""  # the last answer's content as the model wrote it
 
 
 @dataclass
@@ -104,6 +105,7 @@ class Answer:
     error: str | None
     quoted: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
+    raw: str = ""  # the last answer's content before calls and tool JSON were taken out (for reports)
 
 
 T = TypeVar("T")
@@ -263,7 +265,7 @@ class ChatModel:
             log.error("Chat model %s did not finish message %s within CHAT_TIMEOUT_S", self.settings.chat_model,
                       context.message.message_id)
             text, error = "", f"the chat model did not answer within CHAT_TIMEOUT_S ({self.settings.chat_timeout_s:g} s)"
-        return Answer(text, state.rounds, error, state.quoted, state.messages)
+        return Answer(text, state.rounds, error, state.quoted, state.messages, state.raw)
 
     async def answer_again(self, messages: list[dict[str, Any]], request: str, message_id: int) -> tuple[str, str | None]:
         """One more answer, without tools, after the model's answer could not be posted: `request` (a user turn) says
@@ -316,7 +318,7 @@ class ChatModel:
                     exc,
                 )
                 return "", redact(f"{type(exc).__name__}: {exc}")  # stored in the receipt: no API key in it
-            content = reply.content or ""
+            content = state.raw = reply.content or ""
             calls = [
                 Call(call.id or f"call_{index}", call.function.name, _as_text(call.function.arguments))
                 for index, call in enumerate(reply.tool_calls or [])

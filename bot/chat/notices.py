@@ -140,8 +140,8 @@ def what_was_done(changes: Sequence[MemoryChange], extra: Sequence[str] = ()) ->
             said.append(f"✏️ Updated: {text}.")
         elif change.kind == ChangeKind.FORGOTTEN:
             said.append(f"🗑️ Forgot: {text}." if text else f"🗑️ Forgot memory #{change.memory_id}.")
-        elif change.kind == ChangeKind.REJECTED:
-            said.append(f"⚠️ I could not change my memory: {change.reason.rstrip('.')}.")
+        elif change.kind == ChangeKind.REJECTED:  # the reason is the notice's: it is worded for the model here
+            said.append("⚠️ I did not change my memory.")
     return "\n".join(dict.fromkeys([*said, *extra])) or "📝 Done."
 
 

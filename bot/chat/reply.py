@@ -220,14 +220,8 @@ class ReplyPipeline:
             answer = await self.model.converse(outcome_prompt, tools, context)
             text, rounds, error = answer.text, answer.rounds, answer.error
             calls_from_text, quoted_calls = context.from_text, answer.quoted
-            if error is None and not text.strip() and (changes or context.said or answer.quoted):  # only calls
-                done = what_was_done(changes, context.said or ([UNCHANGED] if answer.quoted else []))
-                status, chunks = ReplyStatus.REPLIED, split_message(neutralize_mentions(neutralize_broadcasts(done)))
-            elif error is None and not text.strip():  # never silence
-                log.warning("Chat model %s answered message %s with no text", settings.chat_model, message.message_id)
-                error, chunks = "the chat model answered with no text", [EMPTY_ANSWER]
-                status = ReplyStatus.MODEL_ERROR
-            elif error is not None:
+            acted = bool(changes or context.said or answer.quoted)
+            if error is not None:
                 status, chunks = ReplyStatus.MODEL_ERROR, [APOLOGY]
             else:
                 asked = {line.message_id: line.text for line in window}
@@ -240,9 +234,15 @@ class ReplyPipeline:
                     done=_done(changes, context.remembered),
                 )
                 posted, problems, asked_again = await self._checked(text, facts, answer.messages, message)
-                if not posted:
-                    posted = what_was_done(changes, context.said) if changes or context.said else honest_sentence(message.text)
-                status, chunks = ReplyStatus.REPLIED, split_message(neutralize_broadcasts(posted))
+                status = ReplyStatus.REPLIED
+                if not posted and acted:  # only calls, even when asked for the answer twice: what they did
+                    posted = neutralize_mentions(what_was_done(changes, context.said or ([UNCHANGED] if answer.quoted else [])))
+                elif not posted and not text.strip():  # no text at all, twice: never silence
+                    log.warning("Chat model %s answered message %s with no text", settings.chat_model, message.message_id)
+                    error, posted, status = "the chat model answered with no text", EMPTY_ANSWER, ReplyStatus.MODEL_ERROR
+                elif not posted:
+                    posted = honest_sentence(message.text)
+                chunks = split_message(neutralize_broadcasts(posted))
 
         for change in changes:  # hidden notices are still traceable in the log (without the text: it may be personal)
             log.info(

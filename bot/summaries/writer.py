@@ -250,9 +250,9 @@ class SummaryWriter:
     async def _complete_now(self, messages: list[dict[str, str]]) -> str:
         try:
             async with asyncio.timeout(self.settings.summary_timeout_s):
-                completion = await self.client.chat.completions.create(
+                completion = await self.client.chat.completions.create(  # type: ignore[call-overload]
                     model=self.model,
-                    messages=messages,  # type: ignore[arg-type]
+                    messages=messages,
                     temperature=0.2,
                     **{output_limit_name(self.base_url): self.settings.summary_max_output_tokens},
                 )

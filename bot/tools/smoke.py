@@ -146,7 +146,7 @@ def _record_answers(services: Services, raw: list[str]) -> None:
 
     async def recording_converse(*args: Any, **kwargs: Any) -> Answer:
         answer: Answer = await converse(*args, **kwargs)
-        raw.append(answer.text)
+        raw.append(answer.raw)
         return answer
 
     async def recording_again(*args: Any, **kwargs: Any) -> tuple[str, str | None]:
@@ -231,7 +231,7 @@ async def run_smoke(
             problems.append("tool JSON in the reply of turn " + ", ".join(str(n) for n in leaks))
         if run.tally.failing_turns:
             problems.append("what people read: " + "; ".join(run.tally.failing_turns))
-        emit(f"Figures: {run.tally.figures()}")
+        emit(f"Figures: {run.tally.figures()}; background model calls stopped for a reply: {services.model.gate.stopped}")
         summary = f"{len(memories)} {'memory' if len(memories) == 1 else 'memories'}, replies {min(times):.1f}-{max(times):.1f} s"
         if problems:
             emit(f"FAIL: {'; '.join(problems)} ({summary})")

@@ -29,6 +29,7 @@ from bot.chat.reply_text import (
     check,
     looks_spanish,
 )
+from bot.chat.text_calls import parse_text_calls, strip_tool_json
 
 FAILURES = (LABEL, USER_ID, FENCE, EMPTY, TOOL_WORDING, REPEAT, ECHO, CLAIM, LANGUAGE)
 
@@ -103,6 +104,14 @@ class Tally:
         )
 
 
+MEMORY_TOOLS = ("save_memory", "update_memory", "forget_memory")
+
+
+def posted_part(raw: str) -> str:
+    """What of a raw answer reaches the reply checks: the text around its calls, without tool JSON (as the bot does)."""
+    return strip_tool_json(parse_text_calls(raw, MEMORY_TOOLS).text).strip()
+
+
 class AnswerRecorder:
     """With `--record FILE`: each raw answer of the model, with what it answered, for the tests to replay."""
 
@@ -116,10 +125,11 @@ class AnswerRecorder:
         if self.path is None:
             return
         facts = ReplyFacts(answered, speakers, persona, earlier, done)
+        text = posted_part(raw)
         self.records.append({
             "id": f"{self.model}-{label}-{len(self.records)}", "model": self.model, "answered": answered,
             "speakers": {str(user): name for user, name in speakers.items()}, "earlier": list(earlier),
-            "done": sorted(done), "raw": raw, "problems": list(check(raw, facts).problems),
+            "done": sorted(done), "raw": raw, "problems": list(check(text, facts).problems),
         })
 
     def write(self) -> None:
