@@ -450,6 +450,7 @@ async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(worl
         (RIN, "gracias! la ciudad es preciosa"),
         (JUNO, "lol nice. anyone seen the new Zelda trailer?"),
         (BAU, "game night is every Friday at 8pm on this server"),
+        (BAU, "the group exam is on May 12, room B4"),
     ])
     summarizer.text(facts(  # what Qwen2.5-Coder 1.5B answered: the lines copied, each behind its speaker's name
         ("P1", "self", "Juno: big news: I moved to Lisbon last week, new job there"),
@@ -458,11 +459,13 @@ async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(worl
         ("P3", "self", "Rin thanks! la ciudad es preciosa"),  # copied with a word translated
         ("P1", "self", "Juno: lol nice. anyone seen the new Zelda trailer?"),
         ("P2", "server", "game night is every Friday at 8pm on this server"),
+        ("P2", "self", "the group exam is on May 12, room B4"),  # a plan copied as "self": still the group's
     ))
     await end_day(world, MONDAY)
     assert sorted((m.list, m.text) for m in await memories(world)) == [
         (MemoryList.PERSONAL, "Juno: big news: I moved to Lisbon last week, new job there"),
         (MemoryList.SERVER, "game night is every Friday at 8pm on this server"),
+        (MemoryList.SERVER, "the group exam is on May 12, room B4"),
     ]
     reasons = {fact.text: why for fact, why in world.services.summaries.notes.last[(CHANNEL, MONDAY)].dropped}
     assert reasons == {
@@ -506,3 +509,41 @@ async def test_a_fact_joining_what_two_people_said_keeps_only_the_named_persons_
     assert [(m.owner_id, m.text) for m in await memories(world)] == [(BAU, "Bau: have a birthday on March 3")]
     dropped = world.services.summaries.notes.last[(CHANNEL, MONDAY)].dropped
     assert [(fact.text, why) for fact, why in dropped] == [("I moved here", "part of a fact said by someone else")]
+
+
+async def test_an_unmarked_correction_of_a_server_fact_changes_it_only_for_a_speaker_who_may(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await say(world, MONDAY, [(JUNO, "the group exam is on May 12, room B4")], author_can_manage=True)
+    summarizer.text(facts(("P1", "server", "The group exam is on May 12 in room B4")))
+    await end_day(world, MONDAY)
+    assert len(await memories(world)) == 1
+    tuesday = MONDAY + timedelta(days=1)
+    await say(world, tuesday, [(RIN, "heads up: the group exam moved to May 19, same room")])  # no Manage Server
+    summarizer.text(facts(("P2", "server", "The group exam is on May 19")))
+    await end_day(world, tuesday)
+    texts = sorted(m.text for m in await memories(world))
+    assert texts == ["The group exam is on May 12 in room B4", "The group exam is on May 19"]  # saved beside, not refused
+    assert told(world).notices[-1][2].lines[0] == f"🗒️ What I noted from Tue {tuesday.isoformat()}: 1 new memory"
+
+    wednesday = MONDAY + timedelta(days=2)
+    await say(world, wednesday, [(JUNO, "update: the group exam moved to May 26")], author_can_manage=True)
+    summarizer.text(facts(("P2", "server", "The group exam is on May 26")))
+    await end_day(world, wednesday)
+    assert told(world).notices[-1][2].lines[0] == f"🗒️ What I noted from Wed {wednesday.isoformat()}: 0 new memories, 1 updated"
+    texts = sorted(m.text for m in await memories(world))
+    assert "The group exam is on May 26" in texts and len(texts) == 2  # the closest of the two was corrected
+
+
+async def test_a_question_that_also_tells_a_fact_in_the_first_person_is_kept(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [(JUNO, "my birthday is on June 9, will you remember it?")])
+    summarizer.text(facts(("P1", "self", "my birthday is on June 9, will you remember it?")))
+    await end_day(world, MONDAY)
+    assert [m.text for m in await memories(world)] == ["Juno: my birthday is on June 9, will you remember it?"]
+
+
+async def test_a_personal_fact_needs_a_line_in_the_first_person(world: World, summarizer: FakeChatServer) -> None:
+    await say(world, MONDAY, [(JUNO, "my dog Taco turned five today!"), (SAM, "happy birthday Taco")])
+    summarizer.text(facts(("P1", "self", "Juno's dog Taco turned five today"), ("P2", "self", "Sam is happy birthday to Taco")))
+    await end_day(world, MONDAY)  # what Qwen2.5-Coder 1.5B made of Sam's wishes
+    assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno's dog Taco turned five today")]

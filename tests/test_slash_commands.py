@@ -190,6 +190,23 @@ async def test_history_shows_the_earlier_text_and_restore_brings_it_back(harness
     assert "Game night is on Saturdays" in again.embeds[0]["fields"][1]["value"]  # the restore kept what it replaced
 
 
+async def test_personal_history_is_the_owners_alone_and_restore_brings_the_text_back(harness: SlashHarness) -> None:
+    await harness.run(harness.slash("personal memories add", JUNO, text="I live in Berlin"))
+    [memory] = await core_of(harness).all_memories()
+    shown = await harness.run(harness.slash("personal memories edit", JUNO, memory=memory.id))
+    assert shown.body is not None
+    await harness.run(harness.modal_submit(shown.body["data"], JUNO, {"Memory": "I live in Lisbon"}))
+
+    others = await harness.run(harness.slash("personal memories history", MAX, memory=memory.id))
+    assert others.ephemeral and "Berlin" not in others.text()  # someone else's personal memory stays theirs
+    history = await harness.run(harness.slash("personal memories history", JUNO, memory=memory.id))
+    assert history.ephemeral and "I live in Berlin" in history.text()
+    version = int(re.search(r"version #(\d+)", history.text())[1])  # type: ignore[index]
+    restored = await harness.run(harness.slash("personal memories restore", JUNO, memory=memory.id, version=version))
+    assert restored.ephemeral and f"Restored version #{version}" in restored.content
+    assert [m.text for m in await core_of(harness).all_memories()] == ["I live in Berlin"]
+
+
 async def test_delete_asks_and_only_the_caller_can_confirm(harness: SlashHarness) -> None:
     memory_id = await server_memory(harness, "Juno's cat is called Mochi")
     command = harness.slash("memories delete", ADMIN, memory=memory_id)

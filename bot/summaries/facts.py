@@ -29,6 +29,12 @@ CORRECTION = re.compile(  # a line that says it changes something the people sai
     re.IGNORECASE,
 )
 COPIED_SHARE = 0.75
+PLAN = re.compile(  # what makes a copied line a plan or rule of the group rather than small talk: a number, a day, a month
+    r"\d|\b(monday|tuesday|wednesday|thursday|friday|saturday|sunday|weekend|january|february|march|april|may|june|july|"
+    r"august|september|october|november|december|lunes|martes|miércoles|jueves|viernes|sábado|domingo|enero|febrero|"
+    r"marzo|abril|mayo|junio|julio|agosto|septiembre|octubre|noviembre|diciembre|server|servidor|group|grupo)\b",
+    re.IGNORECASE,
+)
 SELF_WORDS = frozenset({"self", "me", "myself", "speaker", "personal", "person", "themselves", "user"})
 SERVER_WORDS = frozenset({"server", "group", "community", "channel", "everyone", "guild", "all"})
 
@@ -181,8 +187,9 @@ class FactCheck:
     async def _corrections(self, checked: Checked, day: DayText) -> None:
         """A correction the model wrote without its `replaces` ("my cat is actually called Luna" with "Juno's cat is
         called Mochi" remembered): when the line says it changes something (CORRECTION) and one remembered fact of the
-        note's list (personal: the speaker's own) is about the same subject by the unrelated-update guard's rule, the
-        note replaces the closest such fact. Left alone, the old fact would stand beside the new one."""
+        note's list (personal: the speaker's own; server: only for a speaker with Manage Server; never a protected one) is
+        about the same subject by the unrelated-update guard's rule, the note replaces the closest such fact. Left alone,
+        the old fact would stand beside the new one."""
         open_notes = [
             (index, note) for index, note in enumerate(checked.notes)
             if note.replaces is None and any(CORRECTION.search(line) for line in _lines_of(note, day))
@@ -195,7 +202,9 @@ class FactCheck:
         for row, (index, note) in enumerate(open_notes):
             scored = []
             for column, memory in enumerate(remembered):
-                if memory.id in taken or memory.list != note.memory_list:
+                if memory.id in taken or memory.list != note.memory_list or memory.protected:
+                    continue  # a guess may not turn a new fact into a refused change: only what the speaker may change
+                if note.memory_list == MemoryList.SERVER and not note.speaker.can_manage:
                     continue
                 if note.memory_list == MemoryList.PERSONAL and memory.owner_id != note.speaker.user_id:
                     continue
@@ -357,17 +366,22 @@ def first_person(text: str) -> bool:
 
 def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
     """Why a fact is no fact, or "": small models copy the day's lines into facts, questions and chit-chat included
-    ("Bau: yes, looks great"). A question is never kept; a line copied as it stands is kept only when it speaks in the
-    first person ("I moved to Lisbon") or is about the server (where a plain sentence is the rule itself)."""
+    ("Bau: yes, looks great"). A question is kept only when it also tells something in the first person ("my
+    birthday is March 3, will you remember?"); a copied line (COPIED_SHARE of the fact's words, the speaker's name
+    aside, are the line's: "Rin thanks! la ciudad es preciosa" for "gracias! la ciudad es preciosa") is kept only
+    when it speaks in the first person ("I moved to Lisbon"), is about the server, or names a number, a day, a month, the
+    group or the server (PLAN: "the group exam is on May 12, room B4" is a plan, whatever `about` the model wrote)."""
     said = _without_prefix(fact.text, speaker)
-    if said.rstrip().endswith(("?", "¿")):
+    if said.rstrip().endswith("?") and not first_person(said):
         return "a question, not a fact"
     names = set(_words(f"{speaker.name} {speaker.tag}"))
     own = [word for word in _words(said) if word not in names]
     heard = set(_words(line))
     copied = bool(own) and sum(word in heard for word in own) >= COPIED_SHARE * len(own)
-    if copied and not first_person(line) and fact.about.strip().casefold() not in SERVER_WORDS:
-        return "small talk copied from a line, not a fact"
+    if not first_person(line) and fact.about.strip().casefold() not in SERVER_WORDS and not PLAN.search(line):
+        if copied:
+            return "small talk copied from a line, not a fact"
+        return "a line not about its speaker (no first person) and no plan of the group"
     return ""
 
 
