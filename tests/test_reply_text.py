@@ -86,6 +86,7 @@ def test_plain_text_in_a_fence_is_unwrapped_and_code_is_kept() -> None:
         "There are no forgotten to make room tasks. Game night is on Friday.",
         'Game night is on Friday. {"ok": true, "memory_id": 3}',
         "Game night is on Friday. I called save_memory for it.",
+        'Game night is on Friday. {"id": 4, "text": "Bau hosts game night every Friday at 8pm"}',
     ],
 )
 def test_tool_wording_goes_and_the_answer_stays(reply: str) -> None:

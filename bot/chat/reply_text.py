@@ -8,7 +8,8 @@ once more. So every reply passes `check` before it is posted:
 - a speaker label or user id of anyone in the conversation at its start is cut, and so is a transcript
   the model went on writing for other speakers, and a `(user 123)` id anywhere;
 - a lone fence, or a plain-text answer wrapped in one, loses the fence;
-- a sentence in tool wording (`memory_id`, "forgotten to make room") goes;
+- a sentence in tool wording (`memory_id`, "forgotten to make room") goes, and so does a memory line or tool
+  result the model copied (`{"id": 4, "text": "..."}`);
 - a sentence saying a memory was saved, changed or forgotten when no such change ran in this reply goes,
   and one line says that nothing was saved (people must be able to trust such a sentence);
 - what is left is flagged when it is empty, an echo of the message, or a repeat of an earlier reply:
@@ -193,6 +194,9 @@ def _looks_like_code(text: str) -> bool:
 
 # --- sentences ------------------------------------------------------------------------------------------------
 
+# A memory line or tool result the model copied as its answer: {"id": 4, "text": "..."} and the like.
+_DATA_OBJECT = re.compile(r'\{[^{}\n]{0,2000}?"(?:id|text|list|about|memory_id|ok|error)"\s*:[^{}\n]{0,2000}\}')
+
 _SENTENCE = re.compile(r"[^.!?\n]*(?:[.!?]+[\"'”’)\]]*|\n|$)")
 _TOOL_WORDING = re.compile(
     r"\b(?:save_memory|update_memory|forget_memory|memory_id|forgotten_to_make_room|similar_memories|"
@@ -329,6 +333,10 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
     cleaned = _strip_labels(text.strip(), facts, problems)
     cleaned = _strip_fences(cleaned, problems).strip()
     cleaned = _strip_labels(cleaned, facts, problems).strip()  # a label inside the fence
+    without_data = _DATA_OBJECT.sub("", cleaned)
+    if without_data != cleaned:
+        problems.append(TOOL_WORDING)
+        cleaned = without_data.strip()
     cleaned, _ = _drop_sentences(cleaned, facts, problems)
     if not _has_words(cleaned):
         problems.append(EMPTY)
