@@ -190,3 +190,11 @@ def test_recorded_answers_of_the_local_models_leave_nothing_people_should_not_re
 def test_the_line_saying_nothing_was_saved_is_no_claim_itself() -> None:
     for line in (NOT_SAVED, NOT_SAVED_ES, "I haven't saved that yet.", "No he guardado nada."):
         assert CLAIM not in check(line, facts("hola")).problems
+
+
+def test_an_answer_written_as_a_memory_line_is_unwrapped() -> None:
+    """Qwen2.5-Coder 0.5B took the prompt's memory lines for the answer's format."""
+    checked = check('{"id": 15, "text": "You\'re welcome, Juno!"}', facts("Thanks Deskmate, you're great!"))
+    assert checked.text == "You're welcome, Juno!" and checked.usable and TOOL_WORDING in checked.problems
+    echoed = check('{"id": 10, "text": "Forget Bau\'s birthday, please."}', facts("Forget Bau's birthday, please."))
+    assert ECHO in echoed.problems and not echoed.usable
