@@ -198,3 +198,12 @@ def test_an_answer_written_as_a_memory_line_is_unwrapped() -> None:
     assert checked.text == "You're welcome, Juno!" and checked.usable and TOOL_WORDING in checked.problems
     echoed = check('{"id": 10, "text": "Forget Bau\'s birthday, please."}', facts("Forget Bau's birthday, please."))
     assert ECHO in echoed.problems and not echoed.usable
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ['{"name": "', '{"name": "Siempre que esté en la noche de juegos", "text": "Siempre", "id": 1, "text": "Siem'],
+)
+def test_json_cut_short_by_the_output_limit_is_not_posted(reply: str) -> None:
+    checked = check(reply, facts("¿Cuándo es la noche de juegos?"))
+    assert checked.text == "" and TOOL_WORDING in checked.problems and not checked.usable

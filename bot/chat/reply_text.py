@@ -211,6 +211,9 @@ def _lone_text_object(text: str) -> str | None:
     return None
 
 
+# The same, cut short by the output limit: an object opened with a data key and never closed.
+_OPEN_DATA = re.compile(r'\{\s*"(?:name|id|text|list|about|memory_id|arguments|ok|error)"\s*:[^}]*\Z')
+
 _SENTENCE = re.compile(r"[^.!?\n]*(?:[.!?]+[\"'”’)\]]*|\n|$)")
 _TOOL_WORDING = re.compile(
     r"\b(?:save_memory|update_memory|forget_memory|memory_id|forgotten_to_make_room|similar_memories|"
@@ -351,7 +354,7 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
     if inner is not None:  # the answer written as a memory line: {"id": 15, "text": "You're welcome, Juno!"}
         problems.append(TOOL_WORDING)
         cleaned = inner
-    without_data = _DATA_OBJECT.sub("", cleaned)
+    without_data = _OPEN_DATA.sub("", _DATA_OBJECT.sub("", cleaned))
     if without_data != cleaned:
         problems.append(TOOL_WORDING)
         cleaned = without_data.strip()
