@@ -86,6 +86,7 @@ def test_plain_text_in_a_fence_is_unwrapped_and_code_is_kept() -> None:
         "There are no forgotten to make room tasks. Game night is on Friday.",
         'Game night is on Friday. {"ok": true, "memory_id": 3}',
         "Game night is on Friday. I called save_memory for it.",
+        'Game night is on Friday. {"id": 4, "text": "Bau hosts game night every Friday at 8pm"}',
     ],
 )
 def test_tool_wording_goes_and_the_answer_stays(reply: str) -> None:
@@ -189,3 +190,20 @@ def test_recorded_answers_of_the_local_models_leave_nothing_people_should_not_re
 def test_the_line_saying_nothing_was_saved_is_no_claim_itself() -> None:
     for line in (NOT_SAVED, NOT_SAVED_ES, "I haven't saved that yet.", "No he guardado nada."):
         assert CLAIM not in check(line, facts("hola")).problems
+
+
+def test_an_answer_written_as_a_memory_line_is_unwrapped() -> None:
+    """Qwen2.5-Coder 0.5B took the prompt's memory lines for the answer's format."""
+    checked = check('{"id": 15, "text": "You\'re welcome, Juno!"}', facts("Thanks Deskmate, you're great!"))
+    assert checked.text == "You're welcome, Juno!" and checked.usable and TOOL_WORDING in checked.problems
+    echoed = check('{"id": 10, "text": "Forget Bau\'s birthday, please."}', facts("Forget Bau's birthday, please."))
+    assert ECHO in echoed.problems and not echoed.usable
+
+
+@pytest.mark.parametrize(
+    "reply",
+    ['{"name": "', '{"name": "Siempre que esté en la noche de juegos", "text": "Siempre", "id": 1, "text": "Siem'],
+)
+def test_json_cut_short_by_the_output_limit_is_not_posted(reply: str) -> None:
+    checked = check(reply, facts("¿Cuándo es la noche de juegos?"))
+    assert checked.text == "" and TOOL_WORDING in checked.problems and not checked.usable

@@ -27,6 +27,7 @@ from bot.chat.model import MAX_CALLS_PER_ANSWER
 from bot.chat.notices import ChangeKind
 from bot.chat.receipts import ReplyStatus
 from bot.chat.reply import ReplyOutcome, ReplyPipeline
+from bot.chat.reply_text import HONEST
 from bot.clock import ManualClock
 from bot.memory.models import MemoryList, NewMemory, Source
 from bot.services import build_services
@@ -252,7 +253,7 @@ async def test_replayed_small_model_conversation_saves_mochi_and_posts_no_call_j
         # the refusal meant for the model; each line marked as the bot's own, so the model is never shown it as its words.
         assert [o.text for o in outcomes] == [
             "📝 Saved: Mochi is called Juno's cat.",
-            "⚠️ I did not change my memory.",
+            HONEST,  # nothing changed: the refusal was the model's to read, the notice says it to people
             "📝 Saved: The capital of France is Paris.",
             "📝 I already remember that: Mochi is called Juno's cat.",
         ]

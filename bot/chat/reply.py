@@ -27,7 +27,7 @@ from bot.chat.notices import ChangeKind, MemoryChange, Notices, build_notices, w
 from bot.chat.receipts import Receipt, ReplyStatus, build_receipt, dry_run_text
 from bot.chat.reply_text import LANGUAGE, ReplyFacts, again_request, check, history_text, honest_sentence, looks_spanish
 from bot.chat.sources import SummarySource, TailSource
-from bot.chat.tools import UNCHANGED, MemoryTools, ToolContext
+from bot.chat.tools import MemoryTools, ToolContext
 from bot.config import Settings
 from bot.memory.models import Conversation, Recall
 from bot.memory.service import MemoryCore
@@ -235,9 +235,10 @@ class ReplyPipeline:
                 )
                 posted, problems, asked_again = await self._checked(text, facts, answer.messages, message)
                 status = ReplyStatus.REPLIED
-                if not posted and acted:  # only calls, even when asked for the answer twice: what they did
-                    posted = neutralize_mentions(what_was_done(changes, context.said or ([UNCHANGED] if answer.quoted else [])))
-                elif not posted and not text.strip():  # no text at all, twice: never silence
+                done_something = any(change.kind != ChangeKind.REJECTED for change in changes) or context.remembered
+                if not posted and done_something:  # only calls, even when asked for the answer twice: what they did
+                    posted = neutralize_mentions(what_was_done(changes, context.said))
+                elif not posted and not text.strip() and not acted:  # no text at all, twice: never silence
                     log.warning("Chat model %s answered message %s with no text", settings.chat_model, message.message_id)
                     error, posted, status = "the chat model answered with no text", EMPTY_ANSWER, ReplyStatus.MODEL_ERROR
                 elif not posted:

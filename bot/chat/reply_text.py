@@ -8,7 +8,8 @@ once more. So every reply passes `check` before it is posted:
 - a speaker label or user id of anyone in the conversation at its start is cut, and so is a transcript
   the model went on writing for other speakers, and a `(user 123)` id anywhere;
 - a lone fence, or a plain-text answer wrapped in one, loses the fence;
-- a sentence in tool wording (`memory_id`, "forgotten to make room") goes;
+- a sentence in tool wording (`memory_id`, "forgotten to make room") goes, and so does a memory line or tool
+  result the model copied (`{"id": 4, "text": "..."}`; when that is the whole reply, its text is the answer);
 - a sentence saying a memory was saved, changed or forgotten when no such change ran in this reply goes,
   and one line says that nothing was saved (people must be able to trust such a sentence);
 - what is left is flagged when it is empty, an echo of the message, or a repeat of an earlier reply:
@@ -23,6 +24,7 @@ Everything here is pure and bounded: it reads model output, which is untrusted.
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from collections.abc import Collection, Mapping, Sequence
@@ -193,6 +195,25 @@ def _looks_like_code(text: str) -> bool:
 
 # --- sentences ------------------------------------------------------------------------------------------------
 
+# A memory line or tool result the model copied as its answer: {"id": 4, "text": "..."} and the like.
+_DATA_OBJECT = re.compile(r'\{[^{}\n]{0,2000}?"(?:id|text|list|about|memory_id|ok|error)"\s*:[^{}\n]{0,2000}\}')
+
+def _lone_text_object(text: str) -> str | None:
+    """The `text` of a reply that is nothing but one JSON object with a text field (and no call in it)."""
+    if not (text.startswith("{") and text.endswith("}")) or len(text) > 4_000:
+        return None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(value, dict) and isinstance(value.get("text"), str) and "name" not in value:
+        return value["text"].strip()
+    return None
+
+
+# The same, cut short by the output limit: an object opened with a data key and never closed.
+_OPEN_DATA = re.compile(r'\{\s*"(?:name|id|text|list|about|memory_id|arguments|ok|error)"\s*:[^}]*\Z')
+
 _SENTENCE = re.compile(r"[^.!?\n]*(?:[.!?]+[\"'”’)\]]*|\n|$)")
 _TOOL_WORDING = re.compile(
     r"\b(?:save_memory|update_memory|forget_memory|memory_id|forgotten_to_make_room|similar_memories|"
@@ -329,6 +350,14 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
     cleaned = _strip_labels(text.strip(), facts, problems)
     cleaned = _strip_fences(cleaned, problems).strip()
     cleaned = _strip_labels(cleaned, facts, problems).strip()  # a label inside the fence
+    inner = _lone_text_object(cleaned)
+    if inner is not None:  # the answer written as a memory line: {"id": 15, "text": "You're welcome, Juno!"}
+        problems.append(TOOL_WORDING)
+        cleaned = inner
+    without_data = _OPEN_DATA.sub("", _DATA_OBJECT.sub("", cleaned))
+    if without_data != cleaned:
+        problems.append(TOOL_WORDING)
+        cleaned = without_data.strip()
     cleaned, _ = _drop_sentences(cleaned, facts, problems)
     if not _has_words(cleaned):
         problems.append(EMPTY)

@@ -255,6 +255,7 @@ class _Run:
     raw: list[str] = field(default_factory=list)
     tally: Tally = field(default_factory=Tally)
     posted: dict[int, list[str]] = field(default_factory=dict)  # per channel: the bot's replies as the model sees them
+    asked: dict[int, list[str]] = field(default_factory=dict)  # per channel: the message each of those answered
     number: int = 0
     message_id: int = 1_000
 
@@ -280,7 +281,7 @@ class _Run:
         )
         self.calls.clear()
         self.raw.clear()
-        earlier = list(self.posted.get(channel_id, []))
+        earlier, earlier_asked = list(self.posted.get(channel_id, [])), list(self.asked.get(channel_id, []))
         started = time.monotonic()
         outcome = await services.chat.handle(incoming, mentions_bot=True)
         seconds = time.monotonic() - started
@@ -305,6 +306,7 @@ class _Run:
             shown = history_text(outcome.text)
             if shown:
                 self.posted.setdefault(channel_id, []).append(shown)
+                self.asked.setdefault(channel_id, []).append(text)
         receipt = outcome.receipt
         speakers = {user: name for name, user in PEOPLE.items()}
         done = {change.kind.value for change in outcome.changes if change.kind.value != "rejected"}
@@ -313,7 +315,7 @@ class _Run:
         for raw in self.raw:
             self.recorder.add(f"turn{self.number}", raw, text, speakers, earlier, done, self.persona)
         reading = read_reply(outcome.text, text, speakers, self.persona, earlier, done, receipt.reply_problems,
-                             receipt.asked_again) if outcome.status == ReplyStatus.REPLIED else None
+                             receipt.asked_again, earlier_asked) if outcome.status == ReplyStatus.REPLIED else None
         report = TurnReport(
             number=self.number,
             text=text,

@@ -63,10 +63,11 @@ class ReplyReading:
 
 def read_reply(
     posted: str, answered: str, speakers: dict[int, str], persona: str, earlier: Sequence[str], done: set[str],
-    fixed: Sequence[str] = (), asked_again: bool = False,
+    fixed: Sequence[str] = (), asked_again: bool = False, earlier_asked: Sequence[str] = (),
 ) -> ReplyReading:
-    """The failures a person would see in `posted`, found with the bot's own checks, plus the language of the answer."""
-    checked = check(posted, ReplyFacts(answered, speakers, persona, earlier, done))
+    """The failures a person would see in `posted`, found with the bot's own checks (the same question asked again may
+    get the same answer: `earlier_asked` says what each earlier reply answered)."""
+    checked = check(posted, ReplyFacts(answered, speakers, persona, earlier, done, earlier_asked=earlier_asked))
     problems = [problem for problem in checked.problems if problem in FAILURES]
     return ReplyReading(problems, list(fixed), asked_again)
 
