@@ -206,9 +206,10 @@ def _lone_text_object(text: str) -> str | None:
         value = json.loads(text)
     except (ValueError, RecursionError):
         return None
-    if isinstance(value, dict) and isinstance(value.get("text"), str) and "name" not in value:
-        return value["text"].strip()
-    return None
+    if not isinstance(value, dict) or "name" in value:
+        return None
+    inner = value.get("text")
+    return inner.strip() if isinstance(inner, str) else None
 
 
 # The same, cut short by the output limit: an object opened with a data key and never closed.
