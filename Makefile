@@ -28,10 +28,12 @@ pgbouncer:
 
 test: $(STAMP) pgbouncer
 	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
 
 # Benchmarks (docs/benchmarks.md): `make bench`, or `make bench QUICK=1` for a laptop.
 bench: $(STAMP)

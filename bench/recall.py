@@ -35,8 +35,9 @@ from bot.config import Settings
 from bot.db import create_pool
 from bot.embeddings.providers import EmbeddingSpace
 from bot.lexical import lexical_query
-from bot.memory import store
+from bot.memory import search_store
 from bot.memory.models import Conversation
+from bot.servers import store as servers_store
 from bot.services import memory_core
 
 TOPK_SQL = """
@@ -182,7 +183,7 @@ async def breakdown(url: str, dataset: Dataset, replies: int, *, seed: int = 13)
     """Where the core's time goes, on later-in-the-day replies only (nothing left to age).
 
     Interleaves three sides on the same replies: the core's call, the bare search statement
-    (`store.reply_search`, same parameters, so it returns the same rows; no `Memory` objects) and the top-k. The difference
+    (`search_store.reply_search`, same parameters, so it returns the same rows; no `Memory` objects) and the top-k. The difference
     core − statement is Python (row decoding, `Memory` objects, desk order); statement − top-k is
     the SQL work beyond scoring (visibility, resets, desk snapshot, larger result).
     """
@@ -214,7 +215,7 @@ async def breakdown(url: str, dataset: Dataset, replies: int, *, seed: int = 13)
                     await core.reply_search(conversation)
                 elif side == "statement":
                     async with pool.acquire() as conn:
-                        await store.reply_search(
+                        await search_store.reply_search(
                             conn, guild_id=server.guild_id, persona_id=persona, channel_id=server.channel_ids[0],
                             participants=people, context_words=["hello"], query_vector=embedder.vector, space=space,
                             min_similarity=settings.min_similarity, max_used=settings.max_used, now=clock.now(),
@@ -244,7 +245,7 @@ async def explain(url: str, dataset: Dataset, *, first_of_day: bool, seed: int =
     await register_vector(connection)
     out: list[str] = []
     try:
-        persona = await store.persona_for_guild(connection, server.guild_id)
+        persona = await servers_store.persona_for_guild(connection, server.guild_id)
         day = BASE_DAY + timedelta(days=1000)
         settings = Settings()
         args = (
@@ -253,9 +254,9 @@ async def explain(url: str, dataset: Dataset, *, first_of_day: bool, seed: int =
             settings.max_recalled, settings.dormant_after_days, "hello", "", settings.lexical_weight,
         )
         if not first_of_day:  # age this set today first, so the explained run is a later reply
-            await connection.fetch(store.REPLY_SEARCH_SQL, *args)
+            await connection.fetch(search_store.REPLY_SEARCH_SQL, *args)
         for label, sql, params in (
-            ("reply search", store.REPLY_SEARCH_SQL, args),
+            ("reply search", search_store.REPLY_SEARCH_SQL, args),
             ("top-k", TOPK_SQL, (server.guild_id, persona, people, dataset.space_id, vector)),
         ):
             transaction = connection.transaction()

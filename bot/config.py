@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote, unquote_plus
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -143,7 +144,7 @@ class Settings:
 
     def with_overrides(self, **changes: object) -> Settings:
         """A copy with some fields replaced (used by the simulator's `settings` step)."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]  # fields by name, each given its own type
 
     def redacted(self) -> dict[str, object]:
         """The settings as a dict safe to log: secrets and passwords are masked."""
@@ -503,7 +504,7 @@ def _check_shards(settings: Settings) -> Settings:
 RECALL_SIMILARITY_BY_MODEL = {BUILTIN_MODEL: 0.25}
 
 
-def _recall_settings(merged: Mapping[str, str], model: str, default_similarity: float) -> dict[str, object]:
+def _recall_settings(merged: Mapping[str, str], model: str, default_similarity: float) -> dict[str, Any]:
     """HISTORY_* and DOCUMENT_* settings; the similarity defaults follow the embedding model."""
     similarity = RECALL_SIMILARITY_BY_MODEL.get(model, default_similarity)
     return {
@@ -517,7 +518,7 @@ def _recall_settings(merged: Mapping[str, str], model: str, default_similarity: 
     }
 
 
-def _notes_settings(merged: Mapping[str, str]) -> dict[str, object]:
+def _notes_settings(merged: Mapping[str, str]) -> dict[str, Any]:
     """Who writes memories (MEMORY_NOTES) and when a model's update counts as one (UPDATE_MIN_SIMILARITY)."""
     return {
         "memory_notes": _choice(merged, "MEMORY_NOTES", "both", MEMORY_NOTES_MODES),
@@ -527,7 +528,7 @@ def _notes_settings(merged: Mapping[str, str]) -> dict[str, object]:
     }
 
 
-def _summary_settings(merged: Mapping[str, str]) -> dict[str, object]:
+def _summary_settings(merged: Mapping[str, str]) -> dict[str, Any]:
     zone = _text(merged, "SUMMARY_TIMEZONE", "UTC")
     try:
         ZoneInfo(zone)

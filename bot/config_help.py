@@ -85,7 +85,7 @@ SECTIONS: tuple[Section, ...] = (
         "[memory rules](memory-rules.md).",
         {
             "MEMORY_DECAY_ENABLED": "`false`: every memory stays on the desk, nothing is forgotten to make room and "
-            "a full list refuses new memories. Documents and chat history are still searched.",
+            "a full list refuses what it cannot merge. Documents and chat history are still searched.",
             "DORMANT_AFTER_DAYS": "Chat days without a match after which a memory moves to the drawer.",
             "MAX_USED": "How many best matches per reply count as used: reset to 0 days unused, and always in the "
             "prompt ([why 12 and not 3](benchmarks.md)).",

@@ -242,9 +242,7 @@ class ConsoleChat(ServerCommands):
         await self._show_page(await self.manager.personal_list(self.user_id, self.guild_id), rest)
 
     def _saved(self, result: SaveResult, what: str) -> None:
-        if result.saved is None:
-            self.show(f"not saved: {result.detail}")
-            return
+        assert result.saved is not None  # a refusal is raised
         self.show(f"saved {what} #{result.saved.id}: {result.saved.text}")
         for merge in result.merged:
             self.show(f"  joined #{merge.absorbed.id} into #{merge.kept.id} to make room: {merge.kept.text}")
@@ -272,7 +270,8 @@ class ConsoleChat(ServerCommands):
         raw_id, _, text = rest.partition(" ")
         memory_id = self._memory_id(raw_id, "/edit ID TEXT")
         result = await self.manager.edit(await self._ref_of(memory_id), memory_id, text, actor=self.actor)
-        self.show(f"edited #{memory_id}: {result.saved.text}" if result.saved else f"not edited: {result.detail}")
+        assert result.saved is not None  # a refusal is raised
+        self.show(f"edited #{memory_id}: {result.saved.text}")
 
     async def cmd_history(self, rest: str) -> None:
         """`/history ID [PAGE]`: a memory's versions; `/history [on|off]`: this channel's chat-history recall."""
@@ -300,12 +299,13 @@ class ConsoleChat(ServerCommands):
         result = await self.manager.versions.restore(
             await self._ref_of(memory_id), memory_id, version_id, actor=self.actor
         )
-        self.show(f"restored #{memory_id}: {result.saved.text}" if result.saved else f"not restored: {result.detail}")
+        assert result.saved is not None  # a refusal is raised
+        self.show(f"restored #{memory_id}: {result.saved.text}")
 
     async def cmd_forget(self, rest: str) -> None:
         memory_id = self._memory_id(rest, "/forget ID")
         result = await self.manager.delete(await self._ref_of(memory_id), memory_id, actor=self.actor)
-        self.show(f"deleted #{memory_id}: {result.forgotten[0].text}" if result.forgotten else f"not deleted: {result.detail}")
+        self.show(f"deleted #{memory_id}: {result.forgotten[0].text}")
 
 
 def failure_sentence(exc: Exception) -> str:

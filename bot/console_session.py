@@ -253,7 +253,10 @@ class ServerCommands(ConsoleSession):
                 raise CommandError("the DM persona follows DEFAULT_PERSONA_NAME / DEFAULT_PERSONA_PROMPT")
             if not value.strip():
                 raise CommandError(f"/persona {field_name} TEXT")
-            await self.servers.update_persona(self.guild_id, self.actor, **{field_name: value.strip()})
+            if field_name == "name":
+                await self.servers.update_persona(self.guild_id, self.actor, name=value.strip())
+            else:
+                await self.servers.update_persona(self.guild_id, self.actor, prompt=value.strip())
             await self.refresh_persona()
         elif rest:
             raise CommandError("/persona [name TEXT | prompt TEXT]")
@@ -335,7 +338,7 @@ class ServerCommands(ConsoleSession):
         overview = await self.services.history.overview(self.channel_id)
         self.show(
             f"history recall {'on' if enabled else 'off (messages are still stored and chunked)'} here; "
-            f"{overview['chunks']} chunks ({overview['embedded']} embedded), {overview['unchunked']} messages in no chunk yet "
+            f"{overview.chunks} chunks ({overview.embedded} embedded), {overview.unchunked} messages in no chunk yet "
             f"(the last {self.services.settings.context_messages} are the context window and are never chunked)"
         )
 

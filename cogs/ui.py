@@ -243,9 +243,8 @@ INSTRUCTION_HINT_PERSONAL = (
 
 def save_message(result: SaveResult, *, verb: str = "Saved", hint_instruction: bool = True) -> str:
     """What the user sees after a command save or edit: what was stored, and what was forgotten for room."""
-    if result.saved is None:
-        return sentence(result.detail)
     memory = result.saved
+    assert memory is not None, "a refused command change is raised, never shown as a result"
     kind = "personal memory"
     if memory.list == MemoryList.SERVER:
         kind = "server memory"

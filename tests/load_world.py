@@ -107,6 +107,10 @@ class Size:
             lexical_weight=0.0,
             max_recalled=0,
             memory_token_budget=8_000,
+            # merging a full list's related memories makes the outcome depend on which save came first (the
+            # pair joined first changes what the next save finds), which a sequential replay cannot mirror; its
+            # concurrency is tested in test_merges.py, the forgetting rule's here
+            merge_max_chars=0,
         )
 
 

@@ -168,10 +168,51 @@ def test_no_module_is_too_long_to_read() -> None:
     assert long_modules == [] and long_classes == []
 
 
+# Functions allowed past 60 lines, and why. An entry that is no longer needed fails the test too.
+LONG_FUNCTIONS = {
+    # temporary: the reply path is being rewritten; these shrink with it
+    "bot.chat.reply.ReplyPipeline._reply": "the reply path, being rewritten",
+    "bot.chat.model.ChatModel._converse": "the reply path, being rewritten",
+    "bot.tools.smoke.run_smoke": "the four-turn check of the reply path, rewritten with it",
+    "bot.tools.smoke._Run.turn": "one turn of the smoke run and every check of its reply, rewritten with it",
+    # temporary: merging before forgetting was just added to the save path
+    "bot.memory.saves.MemorySaves._store": "the save path, reworked for merge before forget; to be split next",
+    # the list of settings itself: one keyword per setting in the one constructor call
+    "bot.config.load_settings": "every setting read in one place",
+}
+FUNCTION_LINES = 60
+
+
+def long_functions(tree: ast.AST, prefix: str) -> Iterator[tuple[str, int]]:
+    """(qualified name, lines) of every function above FUNCTION_LINES, methods named with their class."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = (node.end_lineno or 0) - node.lineno + 1
+            if lines > FUNCTION_LINES:
+                yield f"{prefix}.{node.name}", lines
+            yield from long_functions(node, f"{prefix}.{node.name}")
+        elif isinstance(node, ast.ClassDef):
+            yield from long_functions(node, f"{prefix}.{node.name}")
+
+
+def test_no_function_is_too_long_to_read() -> None:
+    """No function above 60 lines in bot/ and cogs/ but the few named in LONG_FUNCTIONS."""
+    found = {
+        name: lines
+        for module, tree in modules().items()
+        if module.startswith(("bot.", "cogs."))
+        for name, lines in long_functions(tree, module)
+    }
+    assert sorted(set(found) - set(LONG_FUNCTIONS)) == []
+    assert sorted(set(LONG_FUNCTIONS) - set(found)) == [], "no longer long: take it off LONG_FUNCTIONS"
+
+
 def test_the_rules_catch_what_they_say() -> None:
     """The checks above can fail: each one flags a module written to break it."""
     bad = ast.parse("import discord\nfrom bot.chat import log_store\nx = services.pool\n")
     assert "discord" in set(imports(bad)) and is_store("bot.chat.log_store")
     assert any(isinstance(n, ast.Attribute) and n.attr == "pool" for n in ast.walk(bad))
+    long = ast.parse("class A:\n    def f(self):\n" + "        x = 1\n" * FUNCTION_LINES)
+    assert list(long_functions(long, "m")) == [("m.A.f", FUNCTION_LINES + 1)]
     hidden = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import discord\n")
     assert "discord" not in set(imports(hidden))

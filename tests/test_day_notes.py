@@ -455,6 +455,7 @@ async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(worl
         ("P1", "self", "Juno: big news: I moved to Lisbon last week, new job there"),
         ("P2", "self", "Bau: yes, looks great"),
         ("P3", "self", "Rin: gracias! la ciudad es preciosa"),
+        ("P3", "self", "Rin thanks! la ciudad es preciosa"),  # copied with a word translated
         ("P1", "self", "Juno: lol nice. anyone seen the new Zelda trailer?"),
         ("P2", "server", "game night is every Friday at 8pm on this server"),
     ))
@@ -467,6 +468,7 @@ async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(worl
     assert reasons == {
         "Bau: yes, looks great": "small talk copied from a line, not a fact",
         "Rin: gracias! la ciudad es preciosa": "small talk copied from a line, not a fact",
+        "Rin thanks! la ciudad es preciosa": "small talk copied from a line, not a fact",
         "Juno: lol nice. anyone seen the new Zelda trailer?": "a question, not a fact",
     }
 
@@ -490,3 +492,17 @@ async def test_a_correction_the_model_did_not_mark_still_replaces_the_fact_it_co
     assert sorted(now.values()) == ["Juno adopted a second cat called Pip", "Juno works as a nurse", "Juno's cat is called Luna"]
     page = await world.services.memories.versions.page(await world.services.memories.personal_list(JUNO, GUILD), mochi.id)
     assert [v.text for v in page.versions] == ["Juno's cat is called Mochi"]
+
+
+async def test_a_fact_joining_what_two_people_said_keeps_only_the_named_persons_part(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await say(world, MONDAY, [
+        (RIN, "respect. I just moved here, I live in Berlin now"),
+        (BAU, "nice! Deskmate, my birthday is on March 3, don't forget it"),
+    ])
+    summarizer.text(facts(("Bau", "self", "I moved here and have a birthday on March 3")))  # what the 1.5B model wrote
+    await end_day(world, MONDAY)
+    assert [(m.owner_id, m.text) for m in await memories(world)] == [(BAU, "Bau: have a birthday on March 3")]
+    dropped = world.services.summaries.notes.last[(CHANNEL, MONDAY)].dropped
+    assert [(fact.text, why) for fact, why in dropped] == [("I moved here", "part of a fact said by someone else")]

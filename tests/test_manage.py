@@ -11,7 +11,7 @@ import pytest
 
 from bot.chat import log_store
 from bot.embeddings.providers import EmbeddingError, EmbeddingSpace
-from bot.errors import InvalidInput, Refusal
+from bot.errors import InvalidInput, NotAllowed, NotFound, Refusal
 from bot.memory.lists import ImportMode, Scope, VectorStatus, looks_like_instruction, split_tags
 from bot.memory.manage import EXPORT_FORMAT, MemoryManager, count_tokens
 from bot.memory.models import Conversation, MemoryList, NewMemory, Source
@@ -62,6 +62,20 @@ def test_tags_and_tokens() -> None:
     with pytest.raises(InvalidInput):
         split_tags("bad!tag")
     assert count_tokens("hello world") == 2
+
+
+async def test_a_refused_command_change_is_one_refusal_saying_what_did_not_happen(make_core) -> None:
+    """Commands see refusals as the one family the adapters translate, never as a result to inspect."""
+    mgr = await manager(make_core, server_memory_limit=1, memory_decay_enabled=False)
+    ref = await mgr.server_list(GUILD)
+    kept = await add_server(mgr, "Game night is on Fridays")
+    with pytest.raises(NotAllowed, match=r"^not saved: .*full"):
+        await mgr.add(ref, "Juno's cat is called Mochi", actor=AS_ADMIN)
+    with pytest.raises(InvalidInput, match=r"^not changed: "):
+        await mgr.edit(ref, kept, "   ", actor=AS_ADMIN)
+    with pytest.raises(NotFound, match="there is no memory #999999"):
+        await mgr.delete(ref, 999_999, actor=AS_ADMIN)
+    assert [v.memory.text for v in (await mgr.page(ref, 0)).items] == ["Game night is on Fridays"]
 
 
 async def test_pages_show_state_and_vector_status(make_core, clock) -> None:

@@ -201,7 +201,7 @@ async def test_tool_calls_save_and_forget_with_notices(
 async def test_full_list_forgets_a_dormant_memory_to_make_room(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool
 ) -> None:
-    pipeline = await make_pipeline(server_memory_limit=3)
+    pipeline = await make_pipeline(server_memory_limit=3, merge_max_chars=0)  # merging off: the forgetting alone
     await pipeline.core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), notice_verbosity="verbose")
     # three facts that belong nowhere together, so nothing can be merged: one of them has to go
     texts = ("The wiki lives on Notion", "Bau won the 2024 chess cup", "The mascot is a grey heron")
@@ -226,6 +226,29 @@ async def test_full_list_forgets_a_dormant_memory_to_make_room(
     assert outcome.notices is not None and "the list is full" in outcome.notices.lines[0]
     assert chat.tool_results()[0]["ok"] is False
     assert len(await memory_texts(pool)) == 3
+
+
+async def test_full_list_joins_two_related_memories_before_it_forgets(
+    make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool
+) -> None:
+    pipeline = await make_pipeline(server_memory_limit=3)
+    await pipeline.core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), notice_verbosity="verbose")
+    ids = [await save(pipeline.core, text) for text in
+           ("Game night is on Fridays", "Game night starts at 8pm", "The server has a pottery channel")]
+    await pool.execute("UPDATE memories SET days_unused = 30")  # all in the drawer: each could be forgotten
+    chat.tool_calls(("save_memory", {"text": "The raid is on Thursday", "list": "server"})).text("Saved.")
+    outcome = await pipeline.reply(message(JUNO, "raid moved to Thursday", clock=clock))
+
+    assert [change.kind for change in outcome.changes] == [ChangeKind.SAVED, ChangeKind.MERGED]
+    merged = "Game night is on Fridays. Game night starts at 8pm"
+    assert outcome.notices is not None
+    assert outcome.notices.lines[1] == (
+        f"🧩 To make room, joined #{ids[1]} into a server memory (#{ids[0]}), which now holds both: “{merged}”"
+    )
+    assert chat.tool_results()[0]["merged_to_make_room"] == [{"id": ids[0], "absorbed": ids[1], "text": merged}]
+    assert "forgotten_to_make_room" not in chat.tool_results()[0]  # nothing forgotten: no empty field to turn into prose
+    assert sorted((await memory_texts(pool)).values()) == [merged, "The raid is on Thursday",
+                                                             "The server has a pottery channel"]
 
 
 async def test_malformed_tool_calls_change_nothing(

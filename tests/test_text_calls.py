@@ -23,8 +23,10 @@ FIXTURE = Path(__file__).parent / "data" / "llamacpp-qwen2.5-coder.jsonl"
 OFFERED = ("save_memory", "update_memory", "forget_memory")
 SAVE = '{"name": "save_memory", "arguments": {"text": "Juno\'s cat is called Mochi", "list": "personal"}}'
 SAVE_ARGS = {"text": "Juno's cat is called Mochi", "list": "personal"}
-# Hostile inputs must finish well within this; the bounds in the module keep them far below it.
-FAST = 3.0
+# Hostile inputs must finish, not hang: a runaway parse (quadratic or worse) takes minutes on these inputs, a
+# bounded one milliseconds. The limit is that far from both so a loaded CI machine never trips it; how fast
+# the parse is belongs to the benchmarks.
+FAST = 30.0
 
 
 def _records() -> list[dict[str, Any]]:

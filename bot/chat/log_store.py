@@ -22,6 +22,22 @@ CHAT_MESSAGE_COLUMNS = (
 )
 
 
+RECORD_MESSAGE_SQL = (
+    "WITH message AS ("
+    f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS}, author_can_manage, private_thread)"
+    "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $13, $14, $15) ON CONFLICT (channel_id, message_id)"
+    "   DO UPDATE SET reply_to = EXCLUDED.reply_to"
+    "   WHERE chat_messages.reply_to IS NULL AND EXCLUDED.reply_to IS NOT NULL"
+    "   RETURNING xmax = 0 AS inserted"
+    "), named AS ("
+    "  INSERT INTO chat_users (user_id, name)"
+    "  SELECT user_id, name FROM unnest($11::bigint[], $12::text[]) AS given (user_id, name)"
+    "  ON CONFLICT (user_id) DO UPDATE SET name = EXCLUDED.name, updated_at = now()"
+    "  WHERE chat_users.name <> EXCLUDED.name"
+    ") SELECT count(*) FROM message WHERE inserted"
+)
+
+
 async def record_chat_message(
     conn: Connection,
     *,
@@ -54,18 +70,7 @@ async def record_chat_message(
     ids = sorted(given)
     return bool(
         await conn.fetchval(
-            "WITH message AS ("
-            f"  INSERT INTO chat_messages ({CHAT_MESSAGE_COLUMNS}, author_can_manage, private_thread)"
-            "   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, $13, $14, $15) ON CONFLICT (channel_id, message_id)"
-            "   DO UPDATE SET reply_to = EXCLUDED.reply_to"
-            "   WHERE chat_messages.reply_to IS NULL AND EXCLUDED.reply_to IS NOT NULL"
-            "   RETURNING xmax = 0 AS inserted"
-            "), named AS ("
-            "  INSERT INTO chat_users (user_id, name)"
-            "  SELECT user_id, name FROM unnest($11::bigint[], $12::text[]) AS given (user_id, name)"
-            "  ON CONFLICT (user_id) DO UPDATE SET name = EXCLUDED.name, updated_at = now()"
-            "  WHERE chat_users.name <> EXCLUDED.name"
-            ") SELECT count(*) FROM message WHERE inserted",
+            RECORD_MESSAGE_SQL,
             channel_id,
             message_id,
             guild_id,
@@ -251,6 +256,7 @@ async def window_context(
     """
     asked = sorted(set(user_ids))
     row = await conn.fetchrow(WINDOW_CONTEXT_SQL, channel_id, answered_message_id, context_messages, asked)
+    assert row is not None  # the statement always returns its row
     window = json.loads(row["recent"]) if row["recent"] else []
     return {
         "window": window,

@@ -168,6 +168,20 @@ def token_parts(tokens: dict[str, int]) -> str:
     return ", ".join(f"{name.replace('_', ' ')} {tokens[name]}" for name in order if name in tokens)
 
 
+def _nothing_recalled_because(recall: Recall, *, decay_active: bool, min_similarity: float) -> str:
+    if not recall.search_ok:
+        return f"the search failed: {recall.failure}" + (
+            f"; the memories found {BY_TEXT} did not fit the memory budget" if recall.by_text else ""
+        )
+    if recall.recalled:
+        return "the memory budget was full"
+    if recall.used:
+        return "the best matches were already on the desk"
+    if not decay_active:
+        return "memory decay is off, so every memory is on the desk"
+    return f"nothing relevant: no memory in the drawer reached MIN_SIMILARITY {min_similarity:g}"
+
+
 def build_receipt(
     message: IncomingMessage,
     recall: Recall,
@@ -194,20 +208,7 @@ def build_receipt(
         for s in recall.by_text
         if s.memory.id in kept_tail
     ]
-    if recalled:
-        why = None
-    elif not recall.search_ok:
-        why = f"the search failed: {recall.failure}" + (
-            f"; the memories found {BY_TEXT} did not fit the memory budget" if recall.by_text else ""
-        )
-    elif recall.recalled:
-        why = "the memory budget was full"
-    elif recall.used:
-        why = "the best matches were already on the desk"
-    elif not decay_active:
-        why = "memory decay is off, so every memory is on the desk"
-    else:
-        why = f"nothing relevant: no memory in the drawer reached MIN_SIMILARITY {min_similarity:g}"
+    why = None if recalled else _nothing_recalled_because(recall, decay_active=decay_active, min_similarity=min_similarity)
     head = prompt.head_hash if prompt else ""
     return Receipt(
         guild_id=message.guild_id,

@@ -29,7 +29,7 @@ from bot.db import Connection
 from bot.documents import store
 from bot.embeddings.providers import EmbeddingError
 from bot.embeddings.service import Embeddings, split_at_threshold
-from bot.errors import InvalidInput
+from bot.errors import InvalidInput, NotFound
 from bot.lexical import lexical_query
 from bot.servers.models import Actor
 from bot.servers.rules import require_manager
@@ -275,7 +275,7 @@ class DocumentLibrary:
         async with self.pool.acquire() as conn:
             name = await store.delete_document(conn, guild_id, document_id)
         if name is None:
-            raise InvalidInput(f"there is no document #{document_id} in this server")
+            raise NotFound(f"there is no document #{document_id} in this server")
         return name
 
     async def search(self, guild_id: int, query_vector: np.ndarray) -> DocumentSearch:

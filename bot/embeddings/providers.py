@@ -70,7 +70,8 @@ def checked_vectors(raw: object, count: int, dimensions: int | None = None) -> n
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     if (norms < 1e-12).any():
         raise EmbeddingError("the embedder answered with an all-zero vector")
-    return vectors / norms
+    normalized: np.ndarray = vectors / norms
+    return normalized
 
 
 class BuiltinEmbedder:

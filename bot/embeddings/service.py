@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import asyncpg
 import numpy as np
 
 from bot.config import Settings
+from bot.db import Row
 from bot.embeddings import store
 from bot.embeddings.providers import Embedder, EmbeddingError, EmbeddingSpace
 
@@ -84,8 +85,8 @@ class ItemVectors:
 
 
 def split_at_threshold(
-    rows: Sequence[Mapping[str, Any]], threshold: float, limit: int
-) -> tuple[list[Mapping[str, Any]], float | None]:
+    rows: Sequence[Row], threshold: float, limit: int
+) -> tuple[list[Row], float | None]:
     """Search rows (best first) scoring at least `threshold`, at most `limit` of them, and the best score under it.
 
     Chat history and documents search the same way; the best score under the threshold is what a

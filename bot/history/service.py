@@ -139,6 +139,15 @@ class HistoryHit:
 
 
 @dataclass(frozen=True)
+class HistoryOverview:
+    """A channel's chunks, how many have a vector in the current space, and messages in no chunk yet."""
+
+    chunks: int
+    embedded: int
+    unchunked: int
+
+
+@dataclass(frozen=True)
 class HistorySearch:
     """What one reply's history lookup found: `hits` at or above the threshold, best first.
 
@@ -278,12 +287,12 @@ class HistoryIndex:
             )
         return HistorySearch(enabled=True, hits=[_hit(row, by_text=True) for row in rows], searched=len(rows), best_below=None)
 
-    async def overview(self, channel_id: int) -> dict[str, int]:
+    async def overview(self, channel_id: int) -> HistoryOverview:
         """Chunks of a channel, how many are embedded in the current space, messages in no chunk yet."""
         space = await self.embeddings.space_id()
         async with self.pool.acquire() as conn:
             row = await store.history_overview(conn, channel_id, space)
-        return dict(row)
+        return HistoryOverview(chunks=row["chunks"], embedded=row["embedded"], unchunked=row["unchunked"])
 
     # --- forgetting (parts of one transaction the caller owns) ---
 

@@ -203,7 +203,7 @@ async def history_recall_off_channels(conn: Connection, guild_id: int) -> list[i
 
 async def history_overview(conn: Connection, channel_id: int, space: int | None) -> asyncpg.Record:
     """Chunks of a channel, how many have a vector in `space`, and how many messages are in no chunk yet."""
-    return await conn.fetchrow(
+    row = await conn.fetchrow(
         "SELECT (SELECT count(*) FROM history_chunks WHERE channel_id = $1) AS chunks,"
         " (SELECT count(*) FROM history_chunks c JOIN history_chunk_vectors v ON v.chunk_id = c.id AND v.space_id = $2"
         "  WHERE c.channel_id = $1) AS embedded,"
@@ -211,6 +211,8 @@ async def history_overview(conn: Connection, channel_id: int, space: int | None)
         channel_id,
         space if space is not None else -1,
     )
+    assert row is not None  # the statement always returns its row
+    return row
 
 
 async def forget_guild_history(conn: Connection, guild_id: int) -> dict[str, int]:

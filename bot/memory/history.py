@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bot.errors import Refusal
+from bot.errors import InvalidInput, NotFound
 from bot.memory import command_rights as rights
 from bot.memory import store, versions_store
 from bot.memory.lists import ListRef
-from bot.memory.models import Memory, MemoryVersion, SaveResult, Source
+from bot.memory.models import Memory, MemoryVersion, SaveResult, Source, done_or_refused
 from bot.memory.service import MemoryCore
 from bot.servers.models import Actor
 
@@ -50,7 +50,7 @@ class MemoryHistory:
         async with self.core.pool.acquire() as conn:
             memory = await store.get_memory(conn, memory_id)
         if memory is None or not ref.contains(memory):
-            raise Refusal(f"there is no memory #{memory_id} in {ref.label}")
+            raise NotFound(f"there is no memory #{memory_id} in {ref.label}")
         return memory
 
     async def page(self, ref: ListRef, memory_id: int, number: int = 0, size: int = HISTORY_PAGE_SIZE) -> HistoryPage:
@@ -71,13 +71,14 @@ class MemoryHistory:
         async with self.core.pool.acquire() as conn:
             version = await versions_store.get_version(conn, version_id)
         if version is None or version.memory_id != memory_id:
-            raise Refusal(f"memory #{memory_id} has no version #{version_id}; its history lists them")
+            raise NotFound(f"memory #{memory_id} has no version #{version_id}; its history lists them")
         if version.text == memory.text:
-            raise Refusal(f"version #{version_id} is the text memory #{memory_id} already has")
-        return await self.core.edit(
+            raise InvalidInput(f"version #{version_id} is the text memory #{memory_id} already has")
+        result = await self.core.edit(
             memory_id, version.text, by=actor.user_id, via=Source.COMMAND, by_can_manage=actor.can_manage,
             reason=f"restored version #{version_id}",
         )
+        return done_or_refused(result, "not restored")
 
     async def for_export(self, memory_ids: Collection[int]) -> dict[int, list[dict[str, Any]]]:
         """The versions of each memory, newest first, as export entries."""

@@ -6,6 +6,7 @@ layer (`manage`, which reads and presents).
 
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass
 from enum import StrEnum
@@ -45,7 +46,7 @@ class ListRef:
     owner_id: int | None = None
     scope: Scope = Scope.ALL
 
-    def filter(self, start: int = 1) -> tuple[str, list[Any]]:
+    def filter(self, start: int = 1) -> tuple[str, builtins.list[Any]]:
         return store.list_filter(
             self.list, guild_id=self.guild_id, owner_id=self.owner_id, persona_id=self.persona_id, scope=self.scope, start=start
         )
@@ -153,7 +154,7 @@ class ImportPlan:
     """A validated file: nothing is written until `MemoryManager.import_memories` runs it."""
 
     list: MemoryList
-    entries: list[ImportEntry]
+    entries: builtins.list[ImportEntry]
     duplicates_in_file: int
     dropped_channel_limits: int
 

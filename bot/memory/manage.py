@@ -17,7 +17,7 @@ from typing import Any
 
 from bot.config import Settings
 from bot.embeddings.providers import EmbeddingError
-from bot.errors import Refusal
+from bot.errors import InvalidInput, NotAllowed, NotFound
 from bot.memory import command_rights as rights
 from bot.memory import store
 from bot.memory.history import MemoryHistory
@@ -33,7 +33,7 @@ from bot.memory.lists import (
     SearchResult,
     VectorStatus,
 )
-from bot.memory.models import Memory, MemoryList, NewMemory, SaveResult, Source
+from bot.memory.models import Memory, MemoryList, NewMemory, SaveResult, Source, done_or_refused
 from bot.memory.service import MemoryCore
 from bot.memory.transfer import EXPORT_FORMAT, EXPORT_VERSION, parse_import
 from bot.memory.visibility import normalize_tags
@@ -106,7 +106,7 @@ class MemoryManager:
         async with self.core.pool.acquire() as conn:
             memory = await store.get_memory(conn, memory_id)
         if memory is None or not ref.contains(memory):
-            raise Refusal(f"there is no memory #{memory_id} in {ref.label}")
+            raise NotFound(f"there is no memory #{memory_id} in {ref.label}")
         return memory
 
     async def search(self, ref: ListRef, query: str, limit: int = 10) -> SearchResult:
@@ -117,7 +117,7 @@ class MemoryManager:
         """
         query = query.strip()
         if not query:
-            raise Refusal("type something to search for")
+            raise InvalidInput("type something to search for")
         space = await self.core.embeddings.space_id()
         where, args = ref.filter()
         note: str | None = None
@@ -213,7 +213,7 @@ class MemoryManager:
     ) -> SaveResult:
         """Save through the core (source `command`, so protected); a full list forgets like any save."""
         await self.may_add(ref, actor)
-        return await self.core.save(
+        result = await self.core.save(
             NewMemory(
                 list=ref.list,
                 text=text,
@@ -227,6 +227,7 @@ class MemoryManager:
                 by_can_manage=actor.can_manage,
             )
         )
+        return done_or_refused(result, "not saved")
 
     async def edit(
         self, ref: ListRef, memory_id: int, text: str, *, actor: Actor, tags: Sequence[str] | None = None
@@ -234,13 +235,15 @@ class MemoryManager:
         """Edit text (and optionally tags). A command edit protects the memory and restarts its counter."""
         await self.changeable(ref, memory_id, actor, "edit")
         wanted_tags = None if tags is None else normalize_tags(tags)
-        return await self.core.edit(
+        result = await self.core.edit(
             memory_id, text, by=actor.user_id, via=Source.COMMAND, by_can_manage=actor.can_manage, tags=wanted_tags
         )
+        return done_or_refused(result, "not changed")
 
     async def delete(self, ref: ListRef, memory_id: int, *, actor: Actor) -> SaveResult:
         await self.changeable(ref, memory_id, actor, "delete")
-        return await self.core.delete(memory_id, by=actor.user_id, via=Source.COMMAND, by_can_manage=actor.can_manage)
+        result = await self.core.delete(memory_id, by=actor.user_id, via=Source.COMMAND, by_can_manage=actor.can_manage)
+        return done_or_refused(result, "not deleted")
 
     async def move(self, ref: ListRef, memory_id: int, *, to_global: bool, actor: Actor) -> Memory:
         """Make one of the owner's personal memories Global, or tie it to this persona.
@@ -249,11 +252,11 @@ class MemoryManager:
         one of them is refused (nothing is forgotten for a move).
         """
         if ref.list != MemoryList.PERSONAL or actor.user_id != ref.owner_id:
-            raise Refusal("only its owner can move a personal memory")
+            raise NotAllowed("only its owner can move a personal memory")
         memory = await self.get(ref.widened(), memory_id)
         if memory.is_global == to_global:
             where = "Global" if to_global else "tied to this persona"
-            raise Refusal(f"memory #{memory_id} is already {where}")
+            raise InvalidInput(f"memory #{memory_id} is already {where}")
         return await self.core.move_scope(ref, memory_id, to_global=to_global)
 
     # --- export and import --------------------------------------------------------------------
@@ -320,7 +323,7 @@ class MemoryManager:
         `import`, counter 0, unprotected unless Global. A result over the list limit is refused, never trimmed.
         """
         if plan.list != ref.list:
-            raise Refusal("the file was checked for another list; upload it again")
+            raise InvalidInput("the file was checked for another list; upload it again")
         rights.may_move_whole_list(ref, actor, "import into")
         ids, removed, skipped, embedded = await self.core.import_entries(
             ref,

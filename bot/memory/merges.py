@@ -16,6 +16,7 @@ forgetting").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -29,6 +30,7 @@ from bot.memory.models import Memory, MemoryList, Merge, Source, VersionVia
 from bot.memory.relatedness import SHARED_WORD_BONUS, content_stems
 
 Vector = np.ndarray
+SENTENCE_ENDS = ".!?…"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class MergePlan:
 def joined_text(first: str, second: str) -> str:
     """Two texts as one: the first ends a sentence, then the second."""
     first, second = first.strip(), second.strip()
-    if first[-1:] not in ".!?…":
+    if first[-1:] not in SENTENCE_ENDS:
         first += "."
     return f"{first} {second}"
 
@@ -57,32 +59,49 @@ def _reach(memory: Memory) -> tuple[object, ...]:
             tuple(sorted(memory.channel_ids)), tuple(sorted(memory.tags)))
 
 
+@functools.lru_cache(maxsize=8192)
+def _stems(text: str) -> frozenset[str]:
+    return frozenset(content_stems(text))
+
+
 def best_pair(candidates: Sequence[tuple[Memory, Vector]], max_chars: int, min_score: float) -> MergePlan | None:
-    """The most related pair of the same reach whose joined text fits `max_chars` (ties: the lower ids)."""
+    """The most related pair of the same reach whose joined text fits `max_chars` (ties: the lower ids).
+
+    Runs on every save into a full list, over up to a list's whole size: the cosines and lengths are compared as
+    matrices, and words are compared only for the pairs that could still reach `min_score`."""
     groups: dict[tuple[object, ...], list[tuple[Memory, Vector]]] = {}
     for memory, vector in candidates:
         if not memory.protected:
             groups.setdefault(_reach(memory), []).append((memory, vector))
     best: tuple[float, int, int] | None = None
-    found: MergePlan | None = None
+    found: tuple[Memory, Memory] | None = None
     for members in groups.values():
         if len(members) < 2:
             continue
         members.sort(key=lambda pair: pair[0].id)
         vectors = np.stack([vector for _, vector in members]).astype(np.float32)
         vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        cosines = vectors @ vectors.T
-        stems = [content_stems(memory.text) for memory, _ in members]
-        for i, j in zip(*np.nonzero(np.triu(cosines + SHARED_WORD_BONUS >= min_score, k=1)), strict=True):
+        # einsum, not `@`: a BLAS call spreads 100 x 100 dot products over threads and waits on a busy machine
+        cosines = np.einsum("ij,kj->ik", vectors, vectors)
+        texts = [memory.text.strip() for memory, _ in members]
+        lengths = np.array([len(text) for text in texts])
+        stops = np.array([text[-1:] not in SENTENCE_ENDS for text in texts], dtype=int)  # `joined_text` adds one
+        fits = (lengths + stops + 1)[:, None] + lengths[None, :] <= max_chars  # row i is the older, the first text
+        rows, cols = np.nonzero(np.triu(fits & (cosines + SHARED_WORD_BONUS >= min_score), k=1))
+        for k in np.argsort(-cosines[rows, cols], kind="stable"):  # most similar first: stop once none can win
+            i, j = int(rows[k]), int(cols[k])
             first, second = members[i][0], members[j][0]
-            text = joined_text(first.text, second.text)
-            if len(text) > max_chars:
-                continue
-            score = float(cosines[i, j]) + (SHARED_WORD_BONUS if stems[i] & stems[j] else 0.0)
+            score = float(cosines[i, j])
+            if score + SHARED_WORD_BONUS < (best[0] if best else min_score):
+                break
+            if _stems(first.text) & _stems(second.text):
+                score += SHARED_WORD_BONUS
             rank = (score, -first.id, -second.id)
             if score >= min_score and (best is None or rank > best):
-                best, found = rank, MergePlan(first, second, text)
-    return found
+                best, found = rank, (first, second)
+    if found is None:
+        return None
+    return MergePlan(found[0], found[1], joined_text(found[0].text, found[1].text))
 
 
 class ListRoom:

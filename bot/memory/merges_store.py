@@ -78,4 +78,5 @@ async def absorb(
         today,
         now,
     )
+    assert row is not None, "the kept memory is locked by the save's transaction"
     return Memory.from_row(row)

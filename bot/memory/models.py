@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bot.errors import InvalidInput, NotAllowed, Refusal
+
+if TYPE_CHECKING:
+    from bot.db import Row
 
 
 class MemoryList(StrEnum):
@@ -83,7 +85,7 @@ class Memory:
         return self.list == MemoryList.PERSONAL and self.persona_id is None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Memory:
+    def from_row(cls, row: Row) -> Memory:
         """Build from a `MEMORY_COLUMNS` row; runs for every desk row of every reply, so it is kept lean.
 
         The enums are looked up in dicts: `MemoryList(value)` goes through `EnumMeta.__call__`,
@@ -259,3 +261,14 @@ class SaveResult:
             return None
         kind = InvalidInput if self.rejected == Rejection.INVALID_TEXT else NotAllowed
         return kind(self.detail, reason=self.rejected.value)
+
+
+def done_or_refused(result: SaveResult, refused: str) -> SaveResult:
+    """A command's change either happened or is raised as a refusal saying what did not happen ("not saved: ...").
+
+    Commands go through the one family of refusals; only the model's tools read refusals as results.
+    """
+    refusal = result.refusal
+    if refusal is not None:
+        raise type(refusal)(f"{refused}: {refusal.sentence}", reason=refusal.reason)
+    return result

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 import asyncpg
 
 from bot.db import Connection
-from bot.memory.search_store import NOT_HIDDEN, ROW_COLUMNS, SEARCHABLE_LISTS, VISIBILITY_CTES
+from bot.memory.hiding_sql import SEARCHABLE_LISTS, VISIBILITY_CTES
+from bot.memory.search_store import NOT_HIDDEN, ROW_COLUMNS
 
 VISIBLE_SQL = f"""
 WITH {VISIBILITY_CTES}

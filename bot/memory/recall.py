@@ -34,6 +34,10 @@ def desk_order(memories: list[Memory]) -> list[Memory]:
     return sorted(memories, key=prompt_order)
 
 
+def best_first(items: list[ScoredMemory]) -> list[ScoredMemory]:
+    return sorted(items, key=lambda s: (-s.similarity, s.memory.id))
+
+
 class ReplySearch:
     """The search every reply runs, and the desk's day-frozen ranks."""
 
@@ -79,25 +83,7 @@ class ReplySearch:
                 lexical=lexical_query(conversation.text) if decays and self.settings.lexical_weight > 0 else None,
                 lexical_weight=self.settings.lexical_weight,
             )
-        desk: list[Memory] = []
-        used: list[ScoredMemory] = []
-        recalled: list[ScoredMemory] = []
-        held_back: list[ScoredMemory] = []
-        for row in rows:
-            memory = Memory.from_row(row)
-            dormant = self.decay.is_dormant(memory)
-            match = row["match_similarity"]
-            scored = ScoredMemory(memory, float(match) if match is not None else 0.0)
-            on_desk = row["on_desk_this_morning"] if daily else not dormant
-            if on_desk:
-                desk.append(memory)
-            elif match is not None and dormant:
-                recalled.append(scored)
-            elif not dormant:  # DESK_REFRESH=daily: joined the desk today, shown after it
-                held_back.append(scored)
-            if row["used_similarity"] is not None:
-                used.append(scored)
-        best_first = lambda items: sorted(items, key=lambda s: (-s.similarity, s.memory.id))  # noqa: E731
+        desk, used, recalled, held_back = self._sort_out(rows, daily=daily)
         by_text: list[ScoredMemory] = []
         if vector is None and decays:  # the search failed: the drawer can still be read by its words
             shown = [m.id for m in desk] + [s.memory.id for s in held_back]
@@ -110,11 +96,35 @@ class ReplySearch:
             desk=desk,
             used=best_first(used),
             recalled=best_first(recalled),
-            query_vector=vector,  # type: ignore[arg-type]
+            query_vector=vector,
             held_back=best_first(held_back),
             by_text=by_text,
             desk_ranks=self.desk_ranks.ranks(conversation.guild_id, persona, desk, today),
         )
+
+    def _sort_out(
+        self, rows: list[asyncpg.Record], *, daily: bool
+    ) -> tuple[list[Memory], list[ScoredMemory], list[ScoredMemory], list[ScoredMemory]]:
+        """The snapshot's memories as the desk, the used ones, the recalled ones and (DESK_REFRESH=daily) those
+        held back: active, but not on the desk this morning."""
+        desk: list[Memory] = []
+        used: list[ScoredMemory] = []
+        recalled: list[ScoredMemory] = []
+        held_back: list[ScoredMemory] = []
+        for row in rows:
+            memory = Memory.from_row(row)
+            dormant = self.decay.is_dormant(memory)
+            match = row["match_similarity"]
+            scored = ScoredMemory(memory, float(match) if match is not None else 0.0)
+            if row["on_desk_this_morning"] if daily else not dormant:
+                desk.append(memory)
+            elif match is not None and dormant:
+                recalled.append(scored)
+            elif not dormant:
+                held_back.append(scored)
+            if row["used_similarity"] is not None:
+                used.append(scored)
+        return desk, used, recalled, held_back
 
     async def _found_by_text(self, conversation: Conversation, persona: int, shown: list[int]) -> list[ScoredMemory]:
         """The text fallback of a failed search: dormant memories sharing a word with the message, read-only.

@@ -203,7 +203,7 @@ class MemorySaves:
                 owner_id=request.owner_id,
                 normalized=store.normalized_text(text),
                 space=space,
-                vector=vector,  # type: ignore[arg-type]
+                vector=vector,
                 where=store.seen_in(request.conversation, request.guild_id, persona),
             )
             repeated = next((m for m, same, cos in closest if self._repeats(m, request, tags, same, cos)), None)
@@ -243,7 +243,7 @@ class MemorySaves:
                 today=today,
             )
             if vector is not None and space is not None:
-                await store.store_vector(conn, saved.id, space, vector, text)  # type: ignore[arg-type]
+                await store.store_vector(conn, saved.id, space, vector, text)
             if request.source_messages:
                 await store.set_memory_sources(conn, saved.id, request.source_messages)
         return saved, forgotten, merges, similar, False
@@ -253,7 +253,7 @@ class MemorySaves:
         vector: Vector | None, search_available: bool,
     ) -> Memory:
         """The memory a full list forgets when nothing could be merged, or `_Refused` with the reason."""
-        nothing_merges = "no two memories in it belong together within MERGE_MAX_CHARS"
+        nothing_merges = "no two memories in it belong together closely enough to be joined into one"
         if not self.decay.active:
             raise _Refused(_rejected(Rejection.LIST_FULL, f"the list is full, {nothing_merges}, and memory decay is "
                                      "off, so nothing can be forgotten"))

@@ -31,9 +31,10 @@ from bot.memory.decay import Decay
 from bot.memory.lists import ImportEntry, ListRef
 from bot.memory.models import Conversation, Memory, NewMemory, Recall, SaveResult, Source
 from bot.memory.recall import ReplySearch
+from bot.memory.saves import SaveCheck
 from bot.memory.updates import ModelUpdates
 from bot.memory.vectors import MemoryVectors
-from bot.memory.writes import MemoryWrites, SaveCheck
+from bot.memory.writes import MemoryWrites
 from bot.servers.service import Servers
 
 

@@ -210,6 +210,7 @@ async def insert_memory(
         created_by,
         now,
     )
+    assert row is not None  # the statement always returns its row
     return Memory.from_row(row)
 
 
@@ -228,6 +229,7 @@ async def update_memory_text(
         today,
         now,
     )
+    assert row is not None  # the statement always returns its row
     return Memory.from_row(row)
 
 
@@ -470,6 +472,7 @@ async def set_personal_scope(conn: Connection, memory_id: int, persona_id: int |
         persona_id,
         now,
     )
+    assert row is not None  # the statement always returns its row
     return Memory.from_row(row)
 
 
@@ -558,6 +561,7 @@ async def count_as_used(conn: Connection, memory_id: int, now: datetime, today: 
         today,
         dormant_after,
     )
+    assert row is not None  # the statement always returns its row
     return Memory.from_row(row)
 
 

@@ -22,8 +22,9 @@ from bot.errors import InvalidInput
 from bot.memory import notes_store, store, versions_store
 from bot.memory.models import Memory, NewMemory, Rejection, SaveResult, Source
 from bot.memory.relatedness import same_subject
+from bot.memory.saves import SaveCheck, _rejected
 from bot.memory.visibility import clean_text, context_words
-from bot.memory.writes import MemoryWrites, SaveCheck, _rejected
+from bot.memory.writes import MemoryWrites
 from bot.servers.service import Servers
 
 log = logging.getLogger(__name__)

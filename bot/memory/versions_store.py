@@ -62,6 +62,7 @@ async def keep_version(
         at,
         reason[:300],
     )
+    assert row is not None  # the statement always returns its row
     return _version(row)
 
 

@@ -157,7 +157,7 @@ class MemoryWrites:
                 await store.set_memory_tags(conn, memory_id, tags, now)
                 updated = await store.get_memory(conn, memory_id) or updated
             if vector is not None and space is not None:
-                await store.store_vector(conn, memory_id, space, vector, cleaned)  # type: ignore[arg-type]
+                await store.store_vector(conn, memory_id, space, vector, cleaned)
         if vector is None and space is not None:
             self.embeddings.want_vectors()
         return SaveResult(saved=updated, forgotten=[], rejected=None, detail="edited", replaced_text=current.text)

@@ -6,7 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bot.db import Row
 
 
 class Privacy(StrEnum):
@@ -28,7 +31,7 @@ class GuildSettings:
     auto_reply_channel_ids: tuple[int, ...] = ()
 
     @classmethod
-    def from_row(cls, guild_id: int, row: Mapping[str, Any] | None) -> GuildSettings:
+    def from_row(cls, guild_id: int, row: Row | None) -> GuildSettings:
         if row is None:
             return cls(guild_id)
         return cls(

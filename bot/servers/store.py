@@ -150,6 +150,7 @@ async def reply_trigger_facts(
         author_id,
         list(channel_ids),
     )
+    assert row is not None  # the statement always returns its row
     return ReplyTriggers(row["persona_name"] or "", bool(row["auto_reply"]), bool(row["blocked"]))
 
 

@@ -28,6 +28,7 @@ CORRECTION = re.compile(  # a line that says it changes something the people sai
     r"ya no|me mud[eé]|me he mudado|se cambia|cambiado|cambió|ahora)\b",
     re.IGNORECASE,
 )
+COPIED_SHARE = 0.75
 SELF_WORDS = frozenset({"self", "me", "myself", "speaker", "personal", "person", "themselves", "user"})
 SERVER_WORDS = frozenset({"server", "group", "community", "channel", "everyone", "guild", "all"})
 
@@ -110,8 +111,8 @@ class FactCheck:
     async def check(self, written: Written, day: DayText) -> Checked:
         """Keep the facts whose speaker, subject and support hold; the rest is dropped with a reason."""
         checked = Checked()
-        facts = list(written.facts)
         people_rows = [row for row in day.rows if not row["is_bot"]]
+        facts = await self._unmixed(list(written.facts), people_rows, day, checked)
         line_scores = await self._line_scores(facts, people_rows, day) if facts else None
         seen: dict[str, int] = {}
         for index, fact in enumerate(facts):
@@ -131,6 +132,51 @@ class FactCheck:
         await self._corrections(checked, day)
         checked.key_details = [note.text for note in checked.notes[:MAX_KEY_DETAILS]]
         return checked
+
+    async def _unmixed(
+        self, facts: list[RawFact], rows: list[dict[str, Any]], day: DayText, checked: Checked
+    ) -> list[RawFact]:
+        """Facts that join what two people said ("I moved here and have a birthday on March 3": Rin moved, Bau has the
+        birthday) keep only the parts of one of them: the person the model named, if they said a part, else the author
+        of the best-supported part. Each part goes to the author of its closest line (by GROUND_MIN and GROUND_MARGIN,
+        as a whole fact does); a part nobody clearly said stays. The parts left out are dropped with the reason."""
+        split = [[part for part in fact_parts(fact.text) if _without_speaker_text(part, day)] for fact in facts]
+        if not rows or not any(len(parts) > 1 for parts in split):
+            return facts
+        pieces = [(i, piece) for i, row in enumerate(rows) for piece in clauses(str(row["text"]))]
+        wanted = [(index, part) for index, parts in enumerate(split) if len(parts) > 1 for part in parts]
+        vectors = await self._embed([piece for _, piece in pieces] + [_without_speaker_text(p, day) for _, p in wanted])
+        if vectors is None:
+            return facts
+        by_piece = vectors[len(pieces) :] @ vectors[: len(pieces)].T
+        authors: dict[int, list[tuple[str, int | None, float]]] = {}
+        for row_number, (index, part) in enumerate(wanted):
+            best: dict[int, float] = {}
+            for column, (row_index, _) in enumerate(pieces):
+                author = rows[row_index]["author_id"]
+                best[author] = max(best.get(author, -1.0), float(by_piece[row_number, column]))
+            ranked = sorted(best, key=lambda user: -best[user])
+            top = ranked[0] if ranked and best[ranked[0]] >= GROUND_MIN else None
+            if top is not None and len(ranked) > 1 and best[ranked[1]] >= best[top] - GROUND_MARGIN:
+                top = None  # nobody clearly said it
+            authors.setdefault(index, []).append((part, top, best.get(top, 0.0) if top is not None else 0.0))
+        result = []
+        for index, fact in enumerate(facts):
+            parts = authors.get(index)
+            said_by = {author for _, author, _ in parts or () if author is not None}
+            if parts is None or len(said_by) < 2:
+                result.append(fact)
+                continue
+            claimed = self._claimed(fact, day)
+            keep = claimed.user_id if isinstance(claimed, Speaker) and claimed.user_id in said_by else max(
+                ((author, score) for _, author, score in parts if author is not None), key=lambda pair: pair[1]
+            )[0]
+            kept = [part for part, author, _ in parts if author in (keep, None)]
+            for part, author, _ in parts:
+                if author not in (keep, None):
+                    checked.dropped.append((replace(fact, text=part), "part of a fact said by someone else"))
+            result.append(replace(fact, text=", ".join(kept)))
+        return result
 
     async def _corrections(self, checked: Checked, day: DayText) -> None:
         """A correction the model wrote without its `replaces` ("my cat is actually called Luna" with "Juno's cat is
@@ -316,7 +362,10 @@ def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
     said = _without_prefix(fact.text, speaker)
     if said.rstrip().endswith(("?", "¿")):
         return "a question, not a fact"
-    copied = _words(said) == _words(line) or _words(fact.text) == _words(line)
+    names = set(_words(f"{speaker.name} {speaker.tag}"))
+    own = [word for word in _words(said) if word not in names]
+    heard = set(_words(line))
+    copied = bool(own) and sum(word in heard for word in own) >= COPIED_SHARE * len(own)
     if copied and not first_person(line) and fact.about.strip().casefold() not in SERVER_WORDS:
         return "small talk copied from a line, not a fact"
     return ""
@@ -340,6 +389,24 @@ def _lines_of(note: Note, day: DayText) -> list[str]:
 
 def _sources(rows: list[dict[str, Any]], chosen: list[int]) -> tuple[tuple[int, int, int], ...]:
     return tuple((rows[i]["channel_id"], rows[i]["message_id"], rows[i]["author_id"]) for i in chosen[:MAX_SOURCES])
+
+
+FACT_BREAK = re.compile(r"[;,]\s+|\s(?:and|but|y|pero)\s", re.IGNORECASE)
+
+
+def fact_parts(text: str) -> list[str]:
+    """A fact's parts, split where it joins two statements ("I moved here and have a birthday on March 3")."""
+    return [part for part in (" ".join(p.split()) for p in FACT_BREAK.split(text)) if part]
+
+
+def _without_speaker_text(text: str, day: DayText) -> str:
+    stripped = text
+    for speaker in day.speakers.values():
+        for name in {speaker.name, _first_name(speaker.name)}:
+            if len(name) >= 2:
+                stripped = re.sub(rf"(?<!\w){re.escape(name)}(?:'s|’s)?(?!\w)", " ", stripped, flags=re.IGNORECASE)
+    stripped = re.sub(r"^[\s:]+", "", stripped)
+    return " ".join(stripped.split())
 
 
 def _without_speaker(fact: RawFact, day: DayText) -> str:

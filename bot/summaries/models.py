@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
+
+if TYPE_CHECKING:
+    from bot.db import Row
 
 
 class Kind(StrEnum):
@@ -54,7 +56,7 @@ class Summary:
     updated_at: datetime
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Summary:
+    def from_row(cls, row: Row) -> Summary:
         details = row["key_details"]
         if isinstance(details, str):  # jsonb arrives as text: the pool sets no JSON codec
             details = json.loads(details)

@@ -37,8 +37,8 @@ from bot.config import Settings
 from bot.db import Connection
 from bot.embeddings.providers import EmbeddingError
 from bot.memory.models import Memory, MemoryList, NewMemory, SaveResult, Source
+from bot.memory.saves import SaveCheck
 from bot.memory.service import MemoryCore
-from bot.memory.writes import SaveCheck
 from bot.servers.service import Servers
 from bot.summaries import store
 from bot.summaries.facts import BOT_TAG, Checked, DayText, FactCheck, Note, Speaker, clauses

@@ -127,6 +127,7 @@ async def save_failure(
         f" RETURNING {COLUMNS}",
         channel_id, guild_id, kind.value, start, retry_on, error[:500], at,
     )
+    assert row is not None  # the statement always returns its row
     return Summary.from_row(row)
 
 

@@ -50,6 +50,8 @@ Progress = Callable[[BackfillProgress], Awaitable[None] | None]
 class SummaryWork:
     """Writing summaries: the background catch-up after a day rollover, backfills, and folding weeks."""
 
+    is_enabled: Callable[[int, int | None], Awaitable[bool]]  # ChannelSummaries': whether a channel is summarised
+
     def __init__(
         self,
         pool: asyncpg.Pool,

@@ -257,6 +257,36 @@ def _table_thresholds(report: Report, configured: float | None) -> list[float]:
     return sorted(shown)
 
 
+def _hardest_pairs(scored: Sequence[tuple[Pair, float]]) -> list[str]:
+    matches = sorted((item for item in scored if item[0].match), key=lambda item: item[1])[:5]
+    others = sorted((item for item in scored if not item[0].match), key=lambda item: -item[1])[:5]
+    lines = ["", "lowest-scoring matches:"]
+    lines += [f"  {score:6.3f}  [{p.lang}/{p.kind}] {p.memory!r} <- {p.message!r}" for p, score in matches]
+    lines += ["highest-scoring non-matches:"]
+    lines += [f"  {score:6.3f}  [{p.lang}/{p.kind}] {p.memory!r} <- {p.message!r}" for p, score in others]
+    return lines
+
+
+def _suggestion(report: Report, configured: float | None) -> list[str]:
+    best = report.best
+    lines = [
+        "",
+        f"suggested MIN_SIMILARITY={_fmt(best.threshold)} (best F1 {best.f1:.3f}: precision {best.precision:.3f},"
+        f" recall {best.recall:.3f}; ties go to the higher threshold)",
+    ]
+    if configured is not None:
+        try:
+            current = report.at(configured)
+        except KeyError:
+            lines.append(f"configured MIN_SIMILARITY={_fmt(configured)} (not on the evaluated grid)")
+        else:
+            lines.append(
+                f"configured MIN_SIMILARITY={_fmt(configured)}: F1 {current.f1:.3f}, precision {current.precision:.3f},"
+                f" recall {current.recall:.3f}"
+            )
+    return lines
+
+
 def format_report(
     report: Report,
     scored: Sequence[tuple[Pair, float]] | None = None,
@@ -293,38 +323,17 @@ def format_report(
             marks.append("configured")
         lines.append(text + (f"  <- {', '.join(marks)}" if marks else ""))
     if scored:
-        matches = sorted((item for item in scored if item[0].match), key=lambda item: item[1])[:5]
-        others = sorted((item for item in scored if not item[0].match), key=lambda item: -item[1])[:5]
-        lines += ["", "lowest-scoring matches:"]
-        lines += [f"  {score:6.3f}  [{p.lang}/{p.kind}] {p.memory!r} <- {p.message!r}" for p, score in matches]
-        lines += ["highest-scoring non-matches:"]
-        lines += [f"  {score:6.3f}  [{p.lang}/{p.kind}] {p.memory!r} <- {p.message!r}" for p, score in others]
+        lines += _hardest_pairs(scored)
     focus = report.best.threshold if configured is None else configured
-    kinds = []
-    for kind, rows in report.by_kind.items():
-        row = next((r for r in rows if abs(r.threshold - focus) < 1e-6), None)
-        if row is not None:
-            matched = row.tp + row.fp
-            kinds.append(f"{kind} {matched}/{row.total}")
+    kinds = [
+        f"{kind} {row.tp + row.fp}/{row.total}"
+        for kind, rows in report.by_kind.items()
+        for row in rows
+        if abs(row.threshold - focus) < 1e-6
+    ]
     if kinds:
         lines += ["", f"pairs at or above {_fmt(focus)}, by kind: " + ", ".join(kinds)]
-    best = report.best
-    lines += [
-        "",
-        f"suggested MIN_SIMILARITY={_fmt(best.threshold)} (best F1 {best.f1:.3f}: precision {best.precision:.3f},"
-        f" recall {best.recall:.3f}; ties go to the higher threshold)",
-    ]
-    if configured is not None:
-        try:
-            current = report.at(configured)
-        except KeyError:
-            lines.append(f"configured MIN_SIMILARITY={_fmt(configured)} (not on the evaluated grid)")
-        else:
-            lines.append(
-                f"configured MIN_SIMILARITY={_fmt(configured)}: F1 {current.f1:.3f}, precision {current.precision:.3f},"
-                f" recall {current.recall:.3f}"
-            )
-    return "\n".join(lines)
+    return "\n".join(lines + _suggestion(report, configured))
 
 
 def run_cli(path: str | Path | None, settings: Settings, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -174,12 +174,14 @@ class SwitchableEmbedder:
 
     @property
     def space(self) -> EmbeddingSpace | None:
-        return self.inner.space
+        space: EmbeddingSpace | None = self.inner.space
+        return space
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not self.available:
             raise EmbeddingError("the embedding provider is unavailable (scenario)")
-        return await self.inner.embed(texts)
+        vectors: np.ndarray = await self.inner.embed(texts)
+        return vectors
 
 
 @dataclass
@@ -203,88 +205,31 @@ def _state(core: MemoryCore, memory: Memory) -> dict[str, Any]:
     }
 
 
-async def run_steps(
-    steps: list[tuple[int, dict[str, Any]]],
-    core: MemoryCore,
-    clock: ManualClock,
-    embedder: SwitchableEmbedder,
-    emit: Callable[[dict[str, Any]], None],
-) -> None:
-    names = Names()
-    label_of: dict[int, str] = {}
-    id_of: dict[str, int] = {}
-    claimed: set[str] = set()  # labels of saves that stored a memory (a rejected save leaves its label free)
-    for index, (number, step) in enumerate(steps, start=1):
+@dataclass
+class ScenarioRun:
+    """One scenario's steps against a core: each op a method, each step's result line emitted after it."""
+
+    core: MemoryCore
+    clock: ManualClock
+    embedder: SwitchableEmbedder
+    names: Names = field(default_factory=Names)
+    label_of: dict[int, str] = field(default_factory=dict)
+    id_of: dict[str, int] = field(default_factory=dict)
+    claimed: set[str] = field(default_factory=set)  # labels of saves that stored a memory (a rejected save leaves its label free)
+
+    async def step(self, number: int, step: dict[str, Any], out: dict[str, Any]) -> None:
         op = step["op"]
-        out: dict[str, Any] = {"step": index, "op": op}
+        names, core = self.names, self.core
         if op == "date":
-            clock.set_date(date.fromisoformat(step["utc"]))
+            self.clock.set_date(date.fromisoformat(step["utc"]))
         elif op == "embeddings":
-            embedder.available = step["available"]
+            self.embedder.available = step["available"]
         elif op == "save":
-            if step["as"] in claimed:
-                raise ScenarioError(f"line {number}: the label {step['as']!r} is already used by an earlier save")
-            memory_list = MemoryList(step["list"])
-            guild = names("guild", step["guild"]) if "guild" in step else None
-            result = await core.save(
-                NewMemory(
-                    list=memory_list,
-                    text=step["text"],
-                    by=names("user", step["by"]),
-                    via=Source(step.get("via", "bot")),
-                    guild_id=guild,
-                    owner_id=names("user", step["owner"]) if memory_list == MemoryList.PERSONAL else None,
-                    is_global=step.get("global", False),
-                    tags=tuple(step.get("tags", ())),
-                    channel_ids=tuple(names("channel", channel) for channel in step.get("channels", ())),
-                    by_can_manage=True,  # scenarios have no roles: people act as the server's admins
-                )
-            )
-            if result.saved is not None:
-                claimed.add(step["as"])
-                label_of[result.saved.id] = step["as"]
-                id_of[step["as"]] = result.saved.id
-            forgotten = [label_of.get(memory.id) for memory in result.forgotten]
-            out |= {
-                "saved": step["as"] if result.saved else None,
-                "forgotten": forgotten[0] if forgotten else None,
-                "rejected": result.rejected.value if result.rejected else None,
-            }
+            await self.save(number, step, out)
         elif op in ("edit", "delete"):
-            label = step["memory"]
-            if label not in id_of:
-                raise ScenarioError(f"line {number}: memory {label!r} does not exist (it was never saved, or was forgotten)")
-            memory_id = id_of[label]
-            if op == "edit":
-                via = Source(step.get("via", "command"))
-                result = await core.edit(memory_id, step["text"], by=0, via=via, by_can_manage=True)
-            else:
-                result = await core.delete(memory_id, by=0, via=Source.COMMAND, by_can_manage=True)
-            if result.rejected is not None:
-                raise ScenarioError(f"line {number}: {op} of {label!r} was refused: {result.detail}")
-            out["rejected"] = None
+            await self.change(number, step, out)
         elif op == "message":
-            guild = names("guild", step["guild"]) if "guild" in step else None
-            author = names("user", step["author"])
-            channel = names("channel", step.get("channel", "general" if guild else f"dm:{step['author']}"))
-            if embedder.available:  # what the background re-embedder would have done by now
-                await core.reembed_missing()
-            recall = await core.reply_search(
-                Conversation(
-                    guild_id=guild,
-                    channel_id=channel,
-                    author_id=author,
-                    text=step["text"],
-                    participant_ids=tuple(names("user", user) for user in step.get("participants", ())),
-                    context_texts=tuple(step.get("context", ())),
-                )
-            )
-            out |= {
-                "search": "ok" if recall.search_ok else "failed",
-                "used": [label_of.get(s.memory.id) for s in recall.used],
-                "recalled": [label_of.get(s.memory.id) for s in recall.recalled],
-                "desk": [label_of.get(m.id) for m in recall.desk],
-            }
+            await self.message(step, out)
         elif op == "privacy":
             await core.servers.set_privacy(names("user", step["user"]), Privacy(step["level"]))
         elif op == "block":
@@ -294,11 +239,100 @@ async def run_steps(
             if changes:
                 admin = Actor(names("user", "admin"), can_manage=True)  # the scenario's author runs its servers
                 await core.servers.update_guild_settings(names("guild", step["guild"]), admin, **changes)
-        memories = await core.all_memories()
+
+    async def save(self, number: int, step: dict[str, Any], out: dict[str, Any]) -> None:
+        names = self.names
+        if step["as"] in self.claimed:
+            raise ScenarioError(f"line {number}: the label {step['as']!r} is already used by an earlier save")
+        memory_list = MemoryList(step["list"])
+        result = await self.core.save(
+            NewMemory(
+                list=memory_list,
+                text=step["text"],
+                by=names("user", step["by"]),
+                via=Source(step.get("via", "bot")),
+                guild_id=names("guild", step["guild"]) if "guild" in step else None,
+                owner_id=names("user", step["owner"]) if memory_list == MemoryList.PERSONAL else None,
+                is_global=step.get("global", False),
+                tags=tuple(step.get("tags", ())),
+                channel_ids=tuple(names("channel", channel) for channel in step.get("channels", ())),
+                by_can_manage=True,  # scenarios have no roles: people act as the server's admins
+            )
+        )
+        if result.saved is not None:
+            self.claimed.add(step["as"])
+            self.label_of[result.saved.id] = step["as"]
+            self.id_of[step["as"]] = result.saved.id
+        forgotten = [self.label_of.get(memory.id) for memory in result.forgotten]
+        out |= {
+            "saved": step["as"] if result.saved else None,
+            "forgotten": forgotten[0] if forgotten else None,
+            "rejected": result.rejected.value if result.rejected else None,
+        }
+        for merge in result.merged:  # the absorbed label is gone; its text lives on in the kept memory
+            absorbed = self.label_of.pop(merge.absorbed.id, None)
+            self.id_of.pop(absorbed or "", None)
+            out.setdefault("merged", []).append([absorbed, self.label_of.get(merge.kept.id)])
+
+    async def change(self, number: int, step: dict[str, Any], out: dict[str, Any]) -> None:
+        label = step["memory"]
+        if label not in self.id_of:
+            raise ScenarioError(f"line {number}: memory {label!r} does not exist (it was never saved, or was forgotten)")
+        memory_id = self.id_of[label]
+        if step["op"] == "edit":
+            via = Source(step.get("via", "command"))
+            result = await self.core.edit(memory_id, step["text"], by=0, via=via, by_can_manage=True)
+        else:
+            result = await self.core.delete(memory_id, by=0, via=Source.COMMAND, by_can_manage=True)
+        if result.rejected is not None:
+            raise ScenarioError(f"line {number}: {step['op']} of {label!r} was refused: {result.detail}")
+        out["rejected"] = None
+
+    async def message(self, step: dict[str, Any], out: dict[str, Any]) -> None:
+        names = self.names
+        guild = names("guild", step["guild"]) if "guild" in step else None
+        author = names("user", step["author"])
+        channel = names("channel", step.get("channel", "general" if guild else f"dm:{step['author']}"))
+        if self.embedder.available:  # what the background re-embedder would have done by now
+            await self.core.reembed_missing()
+        recall = await self.core.reply_search(
+            Conversation(
+                guild_id=guild,
+                channel_id=channel,
+                author_id=author,
+                text=step["text"],
+                participant_ids=tuple(names("user", user) for user in step.get("participants", ())),
+                context_texts=tuple(step.get("context", ())),
+            )
+        )
+        out |= {
+            "search": "ok" if recall.search_ok else "failed",
+            "used": [self.label_of.get(s.memory.id) for s in recall.used],
+            "recalled": [self.label_of.get(s.memory.id) for s in recall.recalled],
+            "desk": [self.label_of.get(m.id) for m in recall.desk],
+        }
+
+    async def memories(self) -> dict[str, Any]:
+        """Every labelled memory's state after a step; labels of memories gone since are freed."""
+        memories = await self.core.all_memories()
         existing = {memory.id for memory in memories}
-        for memory_id in [i for i in id_of.values() if i not in existing]:
-            del id_of[label_of.pop(memory_id)]
-        out["memories"] = {label_of[m.id]: _state(core, m) for m in memories if m.id in label_of}
+        for memory_id in [i for i in self.id_of.values() if i not in existing]:
+            del self.id_of[self.label_of.pop(memory_id)]
+        return {self.label_of[m.id]: _state(self.core, m) for m in memories if m.id in self.label_of}
+
+
+async def run_steps(
+    steps: list[tuple[int, dict[str, Any]]],
+    core: MemoryCore,
+    clock: ManualClock,
+    embedder: SwitchableEmbedder,
+    emit: Callable[[dict[str, Any]], None],
+) -> None:
+    run = ScenarioRun(core, clock, embedder)
+    for index, (number, step) in enumerate(steps, start=1):
+        out: dict[str, Any] = {"step": index, "op": step["op"]}
+        await run.step(number, step, out)
+        out["memories"] = await run.memories()
         emit(out)
 
 
