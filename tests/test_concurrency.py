@@ -50,7 +50,11 @@ QUESTIONS = [
 async def two_cores(
     db_url: str, builtin_embedder: object, clock: ManualClock, route: Route, pool_size: int = 8, **overrides: object
 ) -> list[MemoryCore]:
-    settings = Settings().with_overrides(pg_statement_cache=route.statement_cache, **overrides)
+    # a patient embedder: these tests are about what concurrent work does to the lists, not about timeouts (120
+    # searches at once on a loaded two-core machine can take longer than the 2 s a reply waits by default)
+    settings = Settings().with_overrides(
+        **{"pg_statement_cache": route.statement_cache, "embedding_timeout_s": 60.0, **overrides}
+    )
     cores = []
     for _ in range(2):
         pool = await create_pool(route.url(db_url), max_size=pool_size, statement_cache=route.statement_cache)
