@@ -145,13 +145,14 @@ async def main(args: argparse.Namespace) -> int:
             say("== 5. End to end with a real chat model")
             try:
                 size = e2e.SIZES[args.e2e_size or ("quick" if quick else "small")]
-                chosen_baselines = [b for b in e2e.BASELINES if b.name in args.e2e_baselines.split(",")] \
-                    if args.e2e_baselines else e2e.BASELINES
+                chosen_baselines = e2e.choose_baselines(args.e2e_baselines)
                 found = await e2e.run(server, say, size=size, baselines=chosen_baselines, fresh=args.e2e_fresh,
                                       checks=not args.e2e_skip_checks and not args.e2e_no_judge,
                                       judging=not args.e2e_no_judge)
                 if found:
                     results["e2e"] = found
+                    # one table per model and size: a run of another model keeps the earlier model's figures beside it
+                    results.setdefault("e2e_runs", {})[f"{found['model']} {found['size']}"] = found
                 else:
                     results.setdefault("e2e_note", "not run: BENCH_CHAT_BASE_URL / BENCH_CHAT_MODEL unset or LoCoMo missing")
             except Exception as exc:
@@ -191,7 +192,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="section 5: quick (1 session, 4 questions), tiny (2 sessions of 1 conversation),"
                         " small (2 sessions of 2 conversations; the default), full (every LoCoMo conversation)")
     parser.add_argument("--e2e-baselines",
-                        help="section 5: comma-separated subset of defaults,gold,none,top10 (run in that order)")
+                        help=f"section 5: comma-separated subset of {','.join(b.name for b in e2e.BASELINES)}"
+                        " (run in that order; gold needs defaults)")
     parser.add_argument("--e2e-no-judge", action="store_true",
                         help="section 5: score answers by token F1 only (no judge calls; for a judge too small to trust)")
     parser.add_argument("--e2e-skip-checks", action="store_true",
@@ -202,7 +204,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--skip-locomo", action="store_true")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the search at each size")
     parser.add_argument("--no-md", action="store_true", help="do not refresh the generated block of docs/benchmarks.md")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:  # a misspelt baseline is refused before anything starts, not measured as "nothing"
+        e2e.choose_baselines(args.e2e_baselines)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
 
 
 if __name__ == "__main__":

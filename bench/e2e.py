@@ -112,6 +112,18 @@ if "memory_notes" in {f.name for f in dataclasses.fields(Settings)}:  # day-end 
     )
 
 
+def choose_baselines(names: str | None) -> tuple[Baseline, ...]:
+    """The baselines named (comma-separated), in the order they run; all of them for None or ''."""
+    if not names:
+        return BASELINES
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    known = [b.name for b in BASELINES]
+    unknown = [name for name in wanted if name not in known]
+    if unknown or not wanted:
+        raise ValueError(f"--e2e-baselines takes {', '.join(known)}; got {names!r}")
+    return tuple(b for b in BASELINES if b.name in wanted)
+
+
 # --- the data ------------------------------------------------------------------------------------------
 
 
@@ -419,6 +431,7 @@ class Run:
             self.say(f"  {baseline.name}: already measured in {self.state_path} (kept)")
             return done
         started = time.perf_counter()
+        began = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "load_average": _load()}
         before = {phase: dict(c) for phase, c in self.chat.totals().items()}
         async with self.server.database(f"e2e_{baseline.name}") as url:
             pool = await create_pool(url, max_size=4)
@@ -429,6 +442,9 @@ class Run:
         result["calls"] = _difference(self.chat.totals(), before)
         result["seconds"] = round(time.perf_counter() - started)
         result["description"] = baseline.description
+        # when and under what load this baseline was measured: a resumed run's own start and end say nothing about it
+        result["measured"] = {**began, "ended": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                              "load_average_end": _load()}
         self.state["baselines"][baseline.name] = result
         self.save_state()
         return result
@@ -539,6 +555,10 @@ class Run:
         return self.state["judge_check"]
 
 
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def _difference(after: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {
         phase: {key: round(value - before.get(phase, {}).get(key, 0), 1) for key, value in counts.items()}
@@ -641,7 +661,7 @@ async def run(
     )
     started = time.perf_counter()
     context_tokens = int(environment.get("BENCH_CHAT_CONTEXT_TOKENS") or 32_000)
-    load_start = [round(x, 2) for x in os.getloadavg()]
+    load_start = _load()
     async with (
         ModelProxy(chat.base_url, chat.api_key, chat.model, run_dir / "chat-calls.jsonl", seed=SEED) as chat_proxy,
         ModelProxy(judge.base_url, judge.api_key, judge.model, run_dir / "judge-calls.jsonl", seed=SEED) as judge_proxy,
@@ -675,6 +695,6 @@ async def run(
                      "fact_match_similarity": score.FACT_MATCH_SIMILARITY},
         "baselines": results, "judge_check": judge_check, "wall_seconds": round(time.perf_counter() - started),
         "model_minutes": round(recorded_seconds(run_dir) / 60),
-        "load_average": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
+        "load_average": {"start": load_start, "end": _load()},
         "run_folder": str(run_dir),
     }

@@ -91,10 +91,10 @@ class ModelProxy:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:  # first stop taking calls, then close the way out (a call in flight ends cleanly)
+            await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
 
     def prepare(self, body: dict[str, Any]) -> dict[str, Any]:
         """The request as sent: the model under test, temperature 0, a fixed seed."""

@@ -173,17 +173,29 @@ def _share(part: float, whole: float) -> str:
 
 
 def e2e_table(results: dict[str, Any]) -> list[str]:
-    """Section 5: what the model saved (the `defaults` replay), and every baseline's answers to the same questions."""
-    e2e = results.get("e2e", {})
-    lines = ["", "### 5. End to end with a real chat model (saving through the bot, answering the day after)", ""]
-    if not e2e:
-        return [*lines, results.get("e2e_note") or "not run"]
+    """Section 5: one block per model and size measured (`e2e_runs`; older results: the one `e2e` run)."""
+    lines = ["", "### 5. End to end with a real chat model (saving through the bot, answering the day after)"]
+    runs = list((results.get("e2e_runs") or {}).values()) or ([results["e2e"]] if results.get("e2e") else [])
+    if not runs:
+        return [*lines, "", results.get("e2e_note") or "not run"]
+    for e2e in runs:
+        lines += e2e_run_table(e2e)
+    return lines
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def e2e_run_table(e2e: dict[str, Any]) -> list[str]:
+    """One model's run: what it saved (the replays where the model saves), every baseline's answers, and the cost."""
+    lines = [""]
     quant = f", {e2e['quantisation']}" if e2e.get("quantisation") else ""
     sessions = e2e.get("sessions_per_conversation") or "all"
     lines.append(
         f"Model {e2e['model']}{quant} at {e2e['endpoint']}; judge {e2e['judge_model']}; size `{e2e['size']}`:"
-        f" {len(e2e['conversations'])} conversations ({', '.join(e2e['conversations'])}), {sessions} sessions each,"
-        f" {e2e['chat_days']} chat days, {e2e['facts']} gold facts, {e2e['questions']} questions"
+        f" {_plural(len(e2e['conversations']), 'conversation')} ({', '.join(e2e['conversations'])}), {sessions} sessions"
+        f" each, {e2e['chat_days']} chat days, {e2e['facts']} gold facts, {e2e['questions']} questions"
         f" ({e2e['skipped_questions']} without a gold fact skipped); temperature 0, seed {e2e['seed']}."
     )
     baselines = e2e.get("baselines", {})
@@ -213,8 +225,15 @@ def e2e_table(results: dict[str, Any]) -> list[str]:
             f" [{a['f1_ci'][0]:.2f}–{a['f1_ci'][1]:.2f}] | {categories} | {_fmt(a['gold_saved'], 3)}"
             f" | {_fmt(a['gold_in_prompt'], 3)} | {_fmt(when['j'], 3)} ({when['n']}) | {a['prompt_tokens']:,} | {a['failed']} |"
         )
+    lines += [
+        "",
+        "| baseline | measured (UTC) | load average start → end | model calls made / answered from the recording"
+        " | seconds per call when made: replies / day-end / answers |",
+        "|---|---|---|---:|---|",
+    ]
+    for name, b in baselines.items():
+        lines.append(f"| {name} | " + " | ".join(_cost(b)) + " |")
     check = e2e.get("judge_check") or {}
-    load = e2e.get("load_average", {})
     agreed = (
         f"The judge agreed with the hand-checked judgements of tests/data/e2e_judgements.jsonl"
         f" {check['agree']} / {check['judgements']} times."
@@ -222,11 +241,27 @@ def e2e_table(results: dict[str, Any]) -> list[str]:
     )
     lines.append(
         f"\n{e2e['questions']} questions per baseline; intervals: Wilson (J), seeded bootstrap (F1). {agreed}"
-        f" Time waiting for the models: {e2e.get('model_minutes', '–')} min (every recorded call of the run, when it was made),"
-        f" load average {load.get('start')} → {load.get('end')}"
-        " (a shared machine: other work ran at the same time)."
+        f" Time waiting for the models: {e2e.get('model_minutes', '–')} min (every recorded call of the run, when it was made)."
+        " The load average is the whole machine's (other work may have run at the same time); a baseline measured"
+        " before the per-baseline record existed shows –."
     )
     return lines
+
+
+def _cost(b: dict[str, Any]) -> list[str]:
+    """When a baseline was measured, under what load, and what its model calls cost when they were made."""
+    measured = b.get("measured") or {}
+    when = f"{measured['date']} – {measured['ended'][-9:-4]}" if measured else "–"
+    load = f"{measured['load_average']} → {measured['load_average_end']}" if measured else "–"
+    calls = b.get("calls", {})
+    made = sum(c.get("calls", 0) - c.get("replayed", 0) for c in calls.values())
+    replayed = sum(c.get("replayed", 0) for c in calls.values())
+
+    def per_call(phase: str) -> str:
+        c = calls.get(phase, {})
+        return f"{c['model_seconds'] / c['calls']:.0f} s ({c['calls']})" if c.get("calls") and "model_seconds" in c else "–"
+
+    return [when, load, f"{made} / {replayed}", " / ".join(per_call(p) for p in ("reply", "day-end", "answer"))]
 
 
 def _covered(b: dict[str, Any], _: int) -> str:

@@ -242,6 +242,41 @@ async def test_the_section_runs_every_baseline_end_to_end_and_resumes_from_its_s
     table = "\n".join(report.e2e_table({"e2e": first}))
     assert "| gold facts covered by a memory of the right person | **3 / 6 (0.500)**" in table
     assert "| gold | **1.000** [0.51–1.00]" in table and "| none | **0.250**" in table
+    # when each baseline was measured and under what load travels with it, so a resumed run reports it truly
+    measured = baselines["none"]["measured"]
+    assert len(measured["load_average"]) == 3 and measured["date"].endswith("UTC")
+    assert again["baselines"]["none"]["measured"] == measured
+    cost = next(line for line in table.splitlines() if line.startswith("| none | 20"))
+    _made, replayed = (int(n) for n in cost.split(" | ")[3].split(" / "))
+    assert replayed > 0, "none replays the defaults' channel: its replay calls come from the recording"
+    assert "1 conversation (like-1)" in table
+
+
+def test_the_report_keeps_one_table_per_model() -> None:
+    def one(model: str, f1: float) -> dict[str, Any]:
+        figures = {"n": 4, "j": None, "j_ci": [0.0, 0.0], "f1": f1, "f1_ci": [0.0, 1.0]}
+        answering = {**figures, "by_category": {}, "gold_saved": 0.0, "gold_in_prompt": 0.0,
+                     "all_gold_in_prompt": {**figures, "n": 0, "j": None}, "prompt_tokens": 900, "failed": 0}
+        return {"model": model, "endpoint": "127.0.0.1:1", "judge_model": model, "size": "tiny", "conversations": ["c"],
+                "sessions_per_conversation": 2, "chat_days": 2, "facts": 6, "questions": 4, "skipped_questions": 0,
+                "seed": 1, "baselines": {"gold": {"answering": answering, "calls": {"answer": {
+                    "calls": 4, "replayed": 0, "model_seconds": 100.0}}}}}
+    table = "\n".join(report.e2e_table({"e2e": one("small", 0.5), "e2e_runs": {"big tiny": one("big", 0.25),
+                                                                                 "small tiny": one("small", 0.5)}}))
+    assert table.index("Model big") < table.index("Model small")
+    assert "| gold | not judged | 0.250" in table and "| gold | not judged | 0.500" in table
+    assert "| gold | – | – | 4 / 0 | – / – / 25 s (4) |" in table  # measured before the record existed: –
+
+
+def test_a_misspelt_baseline_is_refused_before_anything_runs() -> None:
+    from bench.__main__ import parse
+
+    assert [b.name for b in e2e.choose_baselines("tools_only,defaults")] == ["defaults", "tools_only"]
+    assert e2e.choose_baselines(None) == e2e.BASELINES
+    with pytest.raises(ValueError, match="tools_only"):
+        e2e.choose_baselines("defaults,tools-only")
+    with pytest.raises(SystemExit):
+        parse(["--sections", "e2e", "--e2e-baselines", "top-10"])
 
 
 def answer_lines(folder: Path, baseline: str) -> list[str]:
