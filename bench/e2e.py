@@ -454,12 +454,14 @@ class Run:
         channels = [Channel(sample, i) for i, sample in enumerate(self.plan.samples)]
         gold = baseline.replay == "gold"
         if gold and not all(c.sample.sample_id in self.state["transcripts"] for c in channels):
-            raise RuntimeError("the gold baseline replays the bot's posts of a model baseline: run `defaults` first")
+            raise RuntimeError("the gold baseline replays the bot's posts of the `defaults` replay: run `defaults` first")
         replay: dict[str, Any] = {"replies": 0, "failed_replies": 0, "tool_changes": 0, "gold_saved": 0}
         self.say(f"  {baseline.name}: replaying {len(channels)} conversations ({'gold facts' if gold else 'the model saves'})")
         async with wired(pool, self.settings(baseline, replay=True), clock) as services:
             for channel in channels:
-                transcript = self.state["transcripts"].setdefault(channel.sample.sample_id, {})
+                # only the `defaults` replay writes the posts `gold` replays: another baseline's (tools_only) differ
+                transcript = self.state["transcripts"].setdefault(channel.sample.sample_id, {}) \
+                    if gold or baseline.name == "defaults" else {}
                 stats = await channel.replay(services, clock, self.chat, gold=gold, transcript=transcript, say=self.say)
                 for key in replay:
                     replay[key] += stats[key]

@@ -279,6 +279,21 @@ def test_a_misspelt_baseline_is_refused_before_anything_runs() -> None:
         parse(["--sections", "e2e", "--e2e-baselines", "top-10"])
 
 
+async def test_gold_replays_the_posts_of_the_defaults_replay_only(pg_server_url: str, tmp_path: Path) -> None:
+    """A tools-only replay posts what its own saves made the bot say: the gold channel must not read those."""
+    server = BenchServer()
+    server.url = pg_server_url
+    size = e2e.Size("test", 1, 1)
+    async with FakeChatServer(responder=fake_model, summaries_aside=False) as chat:
+        env = {"BENCH_CHAT_BASE_URL": chat.base_url, "BENCH_CHAT_MODEL": "fake"}
+        path = DATA / "e2e_locomo_like.json"
+        await e2e.run(server, [].append, size=size, path=path, env=env, folder=tmp_path,
+                      baselines=e2e.choose_baselines("tools_only"), judging=False, checks=False)
+        with pytest.raises(RuntimeError, match="run `defaults` first"):
+            await e2e.run(server, [].append, size=size, path=path, env=env, folder=tmp_path,
+                          baselines=e2e.choose_baselines("gold"), judging=False, checks=False)
+
+
 def answer_lines(folder: Path, baseline: str) -> list[str]:
     return next(folder.glob(f"*/answers-{baseline}.jsonl")).read_text(encoding="utf-8").splitlines()
 
