@@ -150,8 +150,8 @@ async def main(args: argparse.Namespace) -> int:
                                       checks=not args.e2e_skip_checks and not args.e2e_no_judge,
                                       judging=not args.e2e_no_judge)
                 if found:
-                    results["e2e"] = found
                     # one table per model and size: a run of another model keeps the earlier model's figures beside it
+                    results.pop("e2e", None)  # results from before one table per model: superseded by this run
                     results.setdefault("e2e_runs", {})[f"{found['model']} {found['size']}"] = found
                 else:
                     results.setdefault("e2e_note", "not run: BENCH_CHAT_BASE_URL / BENCH_CHAT_MODEL unset or LoCoMo missing")
