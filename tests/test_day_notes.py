@@ -370,7 +370,7 @@ async def test_nothing_said_in_a_private_thread_becomes_a_memory(world: World, s
 def test_an_echo_of_the_instructions_or_raw_json_is_never_a_summary() -> None:
     assert echoes("The week's main threads in a few sentences.", WEEK_INSTRUCTIONS)
     assert echoes("what was talked about, in a few sentences, naming who said what", DAY_INSTRUCTIONS)
-    assert not echoes("Juno's cat is called Mochi and Bau plays the cello.", DAY_INSTRUCTIONS)  # an example is no echo
+    assert not echoes("Ravi grows tomatoes on his balcony, and Bau plays the cello.", DAY_INSTRUCTIONS)  # an example is no echo
     assert looks_like_json('{"summary": "x"}') and looks_like_json('Summary: "key_details": []')
     assert looks_like_json('["a", "b"]') and not looks_like_json("[10:02] Juno planned a picnic")
 

@@ -49,7 +49,7 @@ DAY_INSTRUCTIONS = (
     '"by" is the tag of the person who said it. '
     '"about" is "self" for a fact a person told about themselves, "server" for a fact about the group or the '
     "server. "
-    '"fact" is one short sentence in the third person with the person\'s name, e.g. "Juno\'s cat is called Mochi". '
+    '"fact" is one short sentence in the third person with the person\'s name, e.g. "Ravi grows tomatoes on his balcony". '
     'When a fact changes a remembered fact listed before the chat, add "replaces" with its ref, e.g. "M2". '
     "Only what people said about themselves or the group: never a claim about another person, never what BOT says. "
     "Leave out small talk, questions, jokes and facts already remembered unchanged. "
