@@ -497,6 +497,55 @@ async def test_a_correction_the_model_did_not_mark_still_replaces_the_fact_it_co
     assert [v.text for v in page.versions] == ["Juno's cat is called Mochi"]
 
 
+async def test_a_correction_the_model_left_out_is_noted_from_its_line_and_replaces_what_it_corrects(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await say(world, MONDAY, [
+        (JUNO, "my cat is called Mochi, she just knocked my coffee over"), (JUNO, "I work as a nurse, night shifts mostly"),
+        (BAU, "game night is every Friday at 8pm"),
+    ])
+    summarizer.text(facts(
+        ("P1", "self", "Juno's cat is called Mochi"), ("P1", "self", "Juno works as a nurse, night shifts mostly"),
+        ("P2", "server", "Game night is every Friday at 8pm"),
+    ))
+    await end_day(world, MONDAY)
+    before = {m.text: m.id for m in await memories(world)}
+    assert len(before) == 3
+    tuesday = MONDAY + timedelta(days=2)
+    await say(world, tuesday, [
+        (JUNO, "Deskmate, correction: my cat is actually called Luna, Mochi was my sister's cat"),
+        (JUNO, "actually I'm so tired after my shift"),  # says "actually", changes nothing remembered
+        (BAU, "update: game night moved to Saturday at 8pm"),  # a server fact, from someone without Manage Server
+        (RIN, "Juno actually moved her cat's bed to the kitchen"),  # about someone else
+    ])
+    # what Qwen2.5-Coder 1.5B answered: every line but the correction, a remembered fact in its place
+    summarizer.text(facts(("P1", "self", "Juno works as a nurse, night shifts mostly")))
+    await end_day(world, tuesday)
+    now = {m.id: m for m in await memories(world)}
+    cat = now[before["Juno's cat is called Mochi"]]
+    luna = "Juno: my cat is actually called Luna, Mochi was my sister's cat"
+    assert (cat.owner_id, cat.text, cat.source) == (JUNO, luna, Source.NOTES)
+    assert sorted(m.text for m in now.values()) == [
+        "Game night is every Friday at 8pm", "Juno works as a nurse, night shifts mostly",
+        "Juno: my cat is actually called Luna, Mochi was my sister's cat",
+    ]
+    page = await world.services.memories.versions.page(await world.services.memories.personal_list(JUNO, GUILD), cat.id)
+    assert [v.text for v in page.versions] == ["Juno's cat is called Mochi"]
+    assert told(world).notices[-1][2].lines[0] == f"🗒️ What I noted from Wed {tuesday.isoformat()}: 0 new memories, 1 updated"
+    dropped = world.services.summaries.notes.last[(CHANNEL, tuesday)].dropped
+    assert [(fact.text, why) for fact, why in dropped] == [
+        ("Juno works as a nurse, night shifts mostly", "a remembered fact, unchanged")
+    ]
+
+    wednesday = tuesday + timedelta(days=2)
+    await say(world, wednesday, [(BAU, "update: game night moved to Saturday at 8pm")], author_can_manage=True)
+    summarizer.text(facts())  # the model noted nothing; Bau may change the server's facts now
+    await end_day(world, wednesday)
+    assert now[before["Game night is every Friday at 8pm"]].id in {m.id for m in await memories(world)}
+    texts = sorted(m.text for m in await memories(world))
+    assert "game night moved to Saturday at 8pm" in texts and "Game night is every Friday at 8pm" not in texts
+
+
 async def test_a_fact_joining_what_two_people_said_keeps_only_the_named_persons_part(
     world: World, summarizer: FakeChatServer
 ) -> None:

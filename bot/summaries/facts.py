@@ -121,6 +121,7 @@ class FactCheck:
         facts = await self._unmixed(list(written.facts), people_rows, day, checked)
         line_scores = await self._line_scores(facts, people_rows, day) if facts else None
         seen: dict[str, int] = {}
+        known = {" ".join(memory.text.casefold().split()) for memory in day.remembered.values()}
         for index, fact in enumerate(facts):
             scores = line_scores[index] if line_scores is not None else None
             note, why = self._judge(fact, day, people_rows, scores)
@@ -128,6 +129,9 @@ class FactCheck:
                 checked.dropped.append((fact, why))
                 continue
             key = " ".join(note.text.casefold().split())
+            if key in known:  # small models copy the remembered facts shown to them into the day's facts
+                checked.dropped.append((fact, "a remembered fact, unchanged"))
+                continue
             if key in seen:  # the same fact twice: keep the one that says what it corrects
                 if note.replaces is not None and checked.notes[seen[key]].replaces is None:
                     checked.notes[seen[key]] = note
@@ -136,6 +140,7 @@ class FactCheck:
             seen[key] = len(checked.notes)
             checked.notes.append(note)
         await self._corrections(checked, day)
+        await self._unnoted_corrections(checked, day)
         checked.key_details = [note.text for note in checked.notes[:MAX_KEY_DETAILS]]
         return checked
 
@@ -215,6 +220,60 @@ class FactCheck:
                 best = max(scored, key=lambda pair: pair[0])[1]
                 checked.notes[index] = replace(note, replaces=best)
                 taken.add(best.id)
+
+    async def _unnoted_corrections(self, checked: Checked, day: DayText) -> None:
+        """A line that corrects a remembered fact of its own speaker, which the model left out of its facts, is noted
+        as said (Qwen2.5-Coder 1.5B wrote every line of Juno's day as a fact but "correction: my cat is actually called
+        Luna", and put a remembered fact in its place): left alone, the old fact would stand, corrected by nobody.
+
+        The line must say it changes something (CORRECTION), be no question, name no other speaker and nobody who
+        asked not to be noted, and speak in the first person (a personal fact: the speaker's own remembered facts) or,
+        from a speaker with Manage Server, name a plan of the group (the server's). It replaces the remembered fact of
+        that list closest to it by the unrelated-update guard's rule, never a protected one nor one another note
+        already replaces; with none about the same subject, nothing is noted (a "correction" of nothing remembered is
+        the model's to write). Its text is the line without an address to the bot and a leading label ("correction:")."""
+        if not day.remembered:
+            return
+        noted = {(channel, message) for note in checked.notes for channel, message, _ in note.sources}
+        taken = {note.replaces.id for note in checked.notes if note.replaces is not None}
+        by_user = {s.user_id: s for s in day.speakers.values()}
+        found: list[tuple[dict[str, Any], Speaker, MemoryList, str]] = []
+        for row in day.rows:
+            speaker = by_user.get(row["author_id"])
+            if row["is_bot"] or speaker is None or not speaker.notable or (row["channel_id"], row["message_id"]) in noted:
+                continue
+            said = stated(str(row["text"]))
+            if not said or not CORRECTION.search(str(row["text"])) or said.rstrip().endswith("?"):
+                continue
+            others = [s.name for s in day.speakers.values() if s.user_id != speaker.user_id] + day.unnamed
+            if any(names_in(said, name) and not names_in(speaker.name, name) for name in others):
+                continue
+            if first_person(said):
+                found.append((row, speaker, MemoryList.PERSONAL, said))
+            elif speaker.can_manage and PLAN.search(said):
+                found.append((row, speaker, MemoryList.SERVER, said))
+        if not found:
+            return
+        remembered = list(day.remembered.values())
+        vectors = await self._embed([said for *_, said in found] + [m.text for m in remembered])
+        for row_number, (row, speaker, memory_list, said) in enumerate(found):
+            scored = []
+            for column, memory in enumerate(remembered):
+                if memory.id in taken or memory.list != memory_list or memory.protected:
+                    continue
+                if memory_list == MemoryList.PERSONAL and memory.owner_id != speaker.user_id:
+                    continue
+                cosine = float(vectors[row_number] @ vectors[len(found) + column]) if vectors is not None else None
+                if same_subject(memory.text, said, cosine, self.update_min_similarity):
+                    scored.append((subject_score(memory.text, said, cosine) or 0.0, memory))
+            if not scored:
+                continue
+            best = max(scored, key=lambda pair: pair[0])[1]
+            named = memory_list == MemoryList.SERVER or names_in(said, speaker.name)
+            source = ((row["channel_id"], row["message_id"], row["author_id"]),)
+            checked.notes.append(Note(speaker, memory_list, said if named else f"{speaker.name}: {said}", best, source,
+                                      bool(row.get("private_thread"))))
+            taken.add(best.id)
 
     async def _line_scores(self, facts: list[RawFact], rows: list[dict[str, Any]], day: DayText) -> np.ndarray | None:
         """How well each of the people's lines supports each fact (facts x lines): the best cosine between the fact,
@@ -343,6 +402,22 @@ class FactCheck:
             if supported:
                 kept.append(detail)
         return kept[:MAX_KEY_DETAILS]
+
+
+ADDRESS = re.compile(r"^\s*(?:<@!?\d+>\s*,?|@?[^\W\d_][\w-]*\s*,)\s*")  # "Deskmate, ...", "<@123>, ..."
+LABEL = re.compile(r"^\s*([^\W\d_]+(?:\s+[^\W\d_]+){0,2})\s*:\s+")  # "correction: ", "heads up: ", "big news: "
+
+
+def stated(line: str) -> str:
+    """What a line says, without an address to someone ("Deskmate, ") and a leading label ("correction: ",
+    "heads up: "): "Deskmate, correction: my cat is actually called Luna" -> "my cat is actually called Luna".
+    A word in the first person is never taken for an address or a label ("my cat: Luna" stays)."""
+    text = " ".join(line.split())
+    for pattern in (ADDRESS, LABEL, ADDRESS, LABEL):
+        found = pattern.match(text)
+        if found is not None and not first_person(found.group(0)) and found.end() < len(text):
+            text = text[found.end() :]
+    return text
 
 
 CLAUSE_BREAK = re.compile(r"[.;!?¿¡:,\n]+|\s(?:and|but|y|pero|also|también)\s", re.IGNORECASE)
