@@ -546,7 +546,7 @@ async def test_a_correction_the_model_left_out_is_noted_from_its_line_and_replac
     assert "game night moved to Saturday at 8pm" in texts and "Game night is every Friday at 8pm" not in texts
 
 
-async def test_a_fact_joining_what_two_people_said_keeps_only_the_named_persons_part(
+async def test_a_fact_joining_what_two_people_said_is_cut_and_each_part_goes_to_the_person_who_said_it(
     world: World, summarizer: FakeChatServer
 ) -> None:
     await say(world, MONDAY, [
@@ -555,9 +555,48 @@ async def test_a_fact_joining_what_two_people_said_keeps_only_the_named_persons_
     ])
     summarizer.text(facts(("Bau", "self", "I moved here and have a birthday on March 3")))  # what the 1.5B model wrote
     await end_day(world, MONDAY)
-    assert [(m.owner_id, m.text) for m in await memories(world)] == [(BAU, "Bau: have a birthday on March 3")]
-    dropped = world.services.summaries.notes.last[(CHANNEL, MONDAY)].dropped
-    assert [(fact.text, why) for fact, why in dropped] == [("I moved here", "part of a fact said by someone else")]
+    assert sorted((m.owner_id, m.text) for m in await memories(world)) == [
+        (RIN, "Rin: I moved here"), (BAU, "Bau: have a birthday on March 3")
+    ]
+
+
+async def test_a_part_that_says_something_about_someone_else_is_left_out_and_the_rest_kept(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await say(world, MONDAY, [
+        (SAM, "Juno always arrives late to everything"),
+        (RIN, "I'm training for the Madrid marathon in April"),
+        (JUNO, "correction: now I have three cats, we adopted Nube yesterday"),
+        (RIN, "ooh another cat"),
+    ])
+    summarizer.text(facts(  # what Qwen2.5-Coder 1.5B wrote of such a day (in Spanish)
+        ("P1", "self", "Juno arrives late to the meetings, and Rin is training for the Madrid marathon in April."),
+        ("P3", "self", "Juno adopted three new cats and Rin mentioned another."),
+    ))
+    await end_day(world, MONDAY)
+    assert sorted((m.owner_id, m.text) for m in await memories(world)) == [
+        (JUNO, "Juno adopted three new cats"), (RIN, "Rin is training for the Madrid marathon in April."),
+    ]
+    dropped = {(fact.text, why) for fact, why in world.services.summaries.notes.last[(CHANNEL, MONDAY)].dropped}
+    assert ("Rin mentioned another.", "names someone else than the person who said it") in dropped
+    assert not any("late" in m.text for m in await memories(world))  # Sam's claim about Juno is nobody's memory
+
+
+async def test_a_change_of_the_groups_plans_named_after_its_speaker_corrects_the_server_fact(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    await say(world, MONDAY, [(JUNO, "the meetup is on Saturday at 6pm in the park")], author_can_manage=True)
+    summarizer.text(facts(("P1", "server", "The server's meetup is on Saturday at 6pm in the park")))
+    await end_day(world, MONDAY)
+    [meetup] = await memories(world)
+    tuesday = MONDAY + timedelta(days=2)
+    await say(world, tuesday, [(JUNO, "update: the meetup changed to Sunday at 6pm, due to rain")], author_can_manage=True)
+    summarizer.text(facts(("P1", "self", "Juno changed the meetup to Sunday at 6pm due to rain.")))
+    await end_day(world, tuesday)
+    [now] = await memories(world)
+    assert (now.id, now.list, now.owner_id, now.text) == (
+        meetup.id, MemoryList.SERVER, None, "Juno changed the meetup to Sunday at 6pm due to rain."
+    )
 
 
 async def test_an_unmarked_correction_of_a_server_fact_changes_it_only_for_a_speaker_who_may(

@@ -148,9 +148,14 @@ class FactCheck:
         self, facts: list[RawFact], rows: list[dict[str, Any]], day: DayText, checked: Checked
     ) -> list[RawFact]:
         """Facts that join what two people said ("I moved here and have a birthday on March 3": Rin moved, Bau has the
-        birthday) keep only the parts of one of them: the person the model named, if they said a part, else the author
-        of the best-supported part. Each part goes to the author of its closest line (by GROUND_MIN and GROUND_MARGIN,
-        as a whole fact does); a part nobody clearly said stays. The parts left out are dropped with the reason."""
+        birthday) are cut into parts, each going to the author of its closest line (by GROUND_MIN and GROUND_MARGIN, as
+        a whole fact does); a part nobody clearly said stays with the fact. The fact keeps the parts of one person: the
+        one the model named, if they said a part, else the author of the best-supported part; every other person's
+        parts become a fact of their own, with that person's tag (their lines decide, and every check follows, as for
+        any fact): Qwen2.5-Coder 1.5B wrote "Lucía arrives late to the meeting, and Inés is training for the Madrid
+        marathon" for Pablo. A part of the fact kept that names another speaker of the day is a claim about them: left
+        out, with the reason, when the fact's other parts still say something ("Pablo added three new cats and Inés
+        mentioned another")."""
         split = [[part for part in fact_parts(fact.text) if _without_speaker_text(part, day)] for fact in facts]
         if not rows or not any(len(parts) > 1 for parts in split):
             return facts
@@ -171,30 +176,39 @@ class FactCheck:
             if top is not None and len(ranked) > 1 and best[ranked[1]] >= best[top] - GROUND_MARGIN:
                 top = None  # nobody clearly said it
             authors.setdefault(index, []).append((part, top, best.get(top, 0.0) if top is not None else 0.0))
-        result = []
+        by_user = {s.user_id: s for s in day.speakers.values()}
+        result, theirs = [], []
         for index, fact in enumerate(facts):
             parts = authors.get(index)
-            said_by = {author for _, author, _ in parts or () if author is not None}
-            if parts is None or len(said_by) < 2:
+            if parts is None:
                 result.append(fact)
                 continue
+            said_by = {author for _, author, _ in parts if author is not None}
             claimed = self._claimed(fact, day)
-            keep = claimed.user_id if isinstance(claimed, Speaker) and claimed.user_id in said_by else max(
+            keep = (claimed.user_id if isinstance(claimed, Speaker) and claimed.user_id in said_by else max(
                 ((author, score) for _, author, score in parts if author is not None), key=lambda pair: pair[1]
-            )[0]
-            kept = [part for part, author, _ in parts if author in (keep, None)]
+            )[0]) if said_by else None
             for part, author, _ in parts:
-                if author not in (keep, None):
-                    checked.dropped.append((replace(fact, text=part), "part of a fact said by someone else"))
-            result.append(replace(fact, text=", ".join(kept)))
-        return result
+                if author not in (keep, None) and author in by_user:
+                    theirs.append(RawFact(by_user[author].tag, fact.about, part))
+            kept = [part for part, author, _ in parts if author in (keep, None)]
+            owner = by_user.get(keep) if keep is not None else claimed if isinstance(claimed, Speaker) else None
+            if owner is not None:
+                plain = [part for part in kept if not _names_another(part, owner, day)]
+                for part in (kept if plain else []):
+                    if part not in plain:
+                        checked.dropped.append((replace(fact, text=part), "names someone else than the person who said it"))
+                kept = plain or kept
+            result.append(fact if len(kept) == len(parts) else replace(fact, text=", ".join(kept)))
+        return result + theirs
 
     async def _corrections(self, checked: Checked, day: DayText) -> None:
         """A correction the model wrote without its `replaces` ("my cat is actually called Luna" with "Juno's cat is
         called Mochi" remembered): when the line says it changes something (CORRECTION) and one remembered fact of the
         note's list (personal: the speaker's own; server: only for a speaker with Manage Server; never a protected one) is
         about the same subject by the unrelated-update guard's rule, the note replaces the closest such fact. Left alone,
-        the old fact would stand beside the new one."""
+        the old fact would stand beside the new one. A personal note whose lines are not in the first person may also
+        correct a server fact (it becomes a server note): the model names the speaker in a change of the group's plans."""
         open_notes = [
             (index, note) for index, note in enumerate(checked.notes)
             if note.replaces is None and any(CORRECTION.search(line) for line in _lines_of(note, day))
@@ -205,20 +219,23 @@ class FactCheck:
         remembered = list(day.remembered.values())
         vectors = await self._embed([note.text for _, note in open_notes] + [m.text for m in remembered])
         for row, (index, note) in enumerate(open_notes):
+            lists = {note.memory_list}
+            if note.memory_list == MemoryList.PERSONAL and not any(first_person(line) for line in _lines_of(note, day)):
+                lists.add(MemoryList.SERVER)  # "Lucía changed the meeting to Sunday", from "la quedada se cambia al domingo"
             scored = []
             for column, memory in enumerate(remembered):
-                if memory.id in taken or memory.list != note.memory_list or memory.protected:
+                if memory.id in taken or memory.list not in lists or memory.protected:
                     continue  # a guess may not turn a new fact into a refused change: only what the speaker may change
-                if note.memory_list == MemoryList.SERVER and not note.speaker.can_manage:
+                if memory.list == MemoryList.SERVER and not note.speaker.can_manage:
                     continue
-                if note.memory_list == MemoryList.PERSONAL and memory.owner_id != note.speaker.user_id:
+                if memory.list == MemoryList.PERSONAL and memory.owner_id != note.speaker.user_id:
                     continue
                 cosine = float(vectors[row] @ vectors[len(open_notes) + column]) if vectors is not None else None
                 if same_subject(memory.text, note.text, cosine, self.update_min_similarity):
                     scored.append((subject_score(memory.text, note.text, cosine) or 0.0, memory))
             if scored:
                 best = max(scored, key=lambda pair: pair[0])[1]
-                checked.notes[index] = replace(note, replaces=best)
+                checked.notes[index] = replace(note, memory_list=best.list, replaces=best)
                 taken.add(best.id)
 
     async def _unnoted_corrections(self, checked: Checked, day: DayText) -> None:
@@ -471,6 +488,10 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\w+", text.casefold())
 
 
+def _names_another(text: str, speaker: Speaker, day: DayText) -> bool:
+    return any(names_in(text, s.name) and not names_in(speaker.name, s.name) for s in day.speakers.values() if s != speaker)
+
+
 def _lines_of(note: Note, day: DayText) -> list[str]:
     said = {(channel, message) for channel, message, _ in note.sources}
     return [str(row["text"]) for row in day.rows if (row["channel_id"], row["message_id"]) in said]
@@ -480,7 +501,7 @@ def _sources(rows: list[dict[str, Any]], chosen: list[int]) -> tuple[tuple[int, 
     return tuple((rows[i]["channel_id"], rows[i]["message_id"], rows[i]["author_id"]) for i in chosen[:MAX_SOURCES])
 
 
-FACT_BREAK = re.compile(r"[;,]\s+|\s(?:and|but|y|pero)\s", re.IGNORECASE)
+FACT_BREAK = re.compile(r"[;,]?\s+(?:and|but|y|pero)\s+|[;,]\s+", re.IGNORECASE)
 
 
 def fact_parts(text: str) -> list[str]:
