@@ -118,7 +118,8 @@ class FactCheck:
         """Keep the facts whose speaker, subject and support hold; the rest is dropped with a reason."""
         checked = Checked()
         people_rows = [row for row in day.rows if not row["is_bot"]]
-        facts = await self._unmixed(list(written.facts), people_rows, day, checked)
+        named = [replace(fact, text=_tags_named(fact.text, day)) for fact in written.facts]
+        facts = await self._unmixed(named, people_rows, day, checked)
         line_scores = await self._line_scores(facts, people_rows, day) if facts else None
         seen: dict[str, int] = {}
         known = {" ".join(memory.text.casefold().split()) for memory in day.remembered.values()}
@@ -486,6 +487,12 @@ def _without_prefix(text: str, speaker: Speaker) -> str:
 
 def _words(text: str) -> list[str]:
     return re.findall(r"\w+", text.casefold())
+
+
+def _tags_named(text: str, day: DayText) -> str:
+    """A fact with the day's speaker tags written as names: small models copy the tags ("P1 worked as a nurse")."""
+    return TAG.sub(lambda found: day.speakers[found.group(1).upper()].name if found.group(1).upper() in day.speakers
+                   else found.group(0), text)
 
 
 def _names_another(text: str, speaker: Speaker, day: DayText) -> bool:
