@@ -20,7 +20,7 @@ from bench import e2e, report
 from bench import e2e_score as score
 from bench.pg import BenchServer
 from bot.embeddings.providers import BuiltinEmbedder
-from bot.summaries.writer import DAY_INSTRUCTIONS
+from bot.summaries.writer import DAY_INSTRUCTIONS, WEEK_INSTRUCTIONS
 from tests.fakes import SUMMARY_INSTRUCTIONS, FakeChatServer
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -156,6 +156,10 @@ def test_intervals() -> None:
 def fake_model(body: dict[str, Any]) -> str:
     """A tiny 'model': summaries that say nothing, one save about Priya's dog, answers only from what its notes say."""
     messages = body["messages"]
+    if messages[0]["content"] == WEEK_INSTRUCTIONS:  # a week keeps its days' key details, as a model asked to does
+        details = re.findall(r'"key_details": \[(.*?)\]', str(messages[-1]["content"]))
+        kept = [json.loads(f"[{found}]") for found in details if found]
+        return json.dumps({"summary": "Two friends caught up.", "key_details": [d for group in kept for d in group]})
     if messages[0]["content"] in SUMMARY_INSTRUCTIONS:  # one fact for the day-end notes, from Tomas's own line
         day = str(messages[-1]["content"])
         speakers = dict(re.findall(r"(P\d+) = (\w+)", day))
@@ -226,7 +230,8 @@ async def test_the_section_runs_every_baseline_end_to_end_and_resumes_from_its_s
 
     answers = {name: b["answering"] for name, b in baselines.items()}
     assert answers["defaults"]["j"] == 0.5  # the dog (saved by the tool) and the city (by the day's notes)
-    assert answers["tools_only"]["j"] == 0.25
+    # without the notes, the day's checked facts still become the summary's key details (kept by the week): the city
+    assert answers["tools_only"]["j"] == 0.5
     assert answers["top10"]["j"] == 0.5
     # no memory, but the day's summary carries the notes' facts as key details: the city comes from there
     assert answers["none"]["j"] == 0.25 and answers["none"]["gold_in_prompt"] == 0.0
