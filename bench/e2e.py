@@ -60,6 +60,7 @@ from bot.memory.models import Conversation, MemoryList, NewMemory, Recall, Sourc
 from bot.servers.models import Actor
 from bot.servers.service import Servers
 from bot.services import Services, build_services, memory_core
+from bot.summaries.writer import COMBINE_INSTRUCTIONS, DAY_INSTRUCTIONS, WEEK_INSTRUCTIONS
 
 BOT_USER_ID = 990_000_000_000_000_001
 BOT_NAME = "Deskmate"
@@ -557,6 +558,12 @@ class Run:
         return self.state["judge_check"]
 
 
+def day_end_call(body: dict[str, Any]) -> str | None:
+    """"day-end" for a summary's call (a day, its parts, a week), whenever it comes; None: the phase of the moment."""
+    messages = body.get("messages") or [{}]
+    return "day-end" if messages[0].get("content") in (DAY_INSTRUCTIONS, COMBINE_INSTRUCTIONS, WEEK_INSTRUCTIONS) else None
+
+
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -665,7 +672,8 @@ async def run(
     context_tokens = int(environment.get("BENCH_CHAT_CONTEXT_TOKENS") or 32_000)
     load_start = _load()
     async with (
-        ModelProxy(chat.base_url, chat.api_key, chat.model, run_dir / "chat-calls.jsonl", seed=SEED) as chat_proxy,
+        ModelProxy(chat.base_url, chat.api_key, chat.model, run_dir / "chat-calls.jsonl", seed=SEED,
+                   phase_of=day_end_call) as chat_proxy,
         ModelProxy(judge.base_url, judge.api_key, judge.model, run_dir / "judge-calls.jsonl", seed=SEED) as judge_proxy,
     ):
         the_run = Run(server, the_plan, chat_proxy, judge_proxy, run_dir, say, context_tokens=context_tokens)

@@ -303,6 +303,20 @@ def answer_lines(folder: Path, baseline: str) -> list[str]:
     return next(folder.glob(f"*/answers-{baseline}.jsonl")).read_text(encoding="utf-8").splitlines()
 
 
+async def test_a_summary_call_counts_as_day_end_work_whenever_it_comes(tmp_path: Path) -> None:
+    """The bot folds a finished week at the first message of a new day: mid-reply, but day-end work all the same."""
+    from bench.e2e_proxy import ModelProxy
+
+    async with FakeChatServer(responder=lambda body: "{}") as upstream, ModelProxy(
+        upstream.base_url, "", "fake", tmp_path / "calls.jsonl", phase_of=e2e.day_end_call
+    ) as proxy:
+        proxy.phase = "reply"
+        await proxy.complete([{"role": "system", "content": WEEK_INSTRUCTIONS}, {"role": "user", "content": "Week of …"}])
+        await proxy.complete([{"role": "system", "content": "You are a Discord bot."}, {"role": "user", "content": "hi"}])
+    assert {phase: c["calls"] for phase, c in proxy.totals().items()} == {"day-end": 1, "reply": 1}
+    assert [json.loads(line)["phase"] for line in (tmp_path / "calls.jsonl").read_text().splitlines()] == ["day-end", "reply"]
+
+
 def test_plan_takes_the_first_sessions_and_only_their_questions() -> None:
     found = e2e.plan(e2e.Size("one", 1, 1), DATA / "e2e_locomo_like.json")
     assert [s.number for s in found.samples[0].sessions] == [1]
