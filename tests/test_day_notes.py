@@ -561,10 +561,19 @@ async def test_a_fact_joining_what_two_people_said_is_cut_and_each_part_goes_to_
 
 
 async def test_a_speaker_tag_in_a_facts_text_is_written_as_the_persons_name(world: World, summarizer: FakeChatServer) -> None:
-    await say(world, MONDAY, [(JUNO, "Deskmate, I work as a nurse at the children's hospital"), (RIN, "respect")])
-    summarizer.text(facts(("P1", "self", "P1 works as a nurse at the children's hospital")))  # as Qwen2.5-Coder 0.5B writes
+    await say(world, MONDAY, [
+        (JUNO, "Deskmate, I work as a nurse at the children's hospital"), (RIN, "respect"),
+        (JUNO, "also I'm allergic to penicillin, learned that the hard way lol"),
+    ])
+    summarizer.text(facts(  # as Qwen2.5-Coder 0.5B writes, the second with Rin's tag: Juno's line decides
+        ("P1", "self", "P1 works as a nurse at the children's hospital"),
+        ("P2", "self", "P2 is allergic to penicillin, learned that the hard way lol"),
+    ))
     await end_day(world, MONDAY)
-    assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno works as a nurse at the children's hospital")]
+    assert [(m.owner_id, m.text) for m in await memories(world)] == [
+        (JUNO, "Juno works as a nurse at the children's hospital"),
+        (JUNO, "Juno is allergic to penicillin, learned that the hard way lol"),
+    ]
 
 
 async def test_a_part_that_says_something_about_someone_else_is_left_out_and_the_rest_kept(

@@ -118,8 +118,7 @@ class FactCheck:
         """Keep the facts whose speaker, subject and support hold; the rest is dropped with a reason."""
         checked = Checked()
         people_rows = [row for row in day.rows if not row["is_bot"]]
-        named = [replace(fact, text=_tags_named(fact.text, day)) for fact in written.facts]
-        facts = await self._unmixed(named, people_rows, day, checked)
+        facts = await self._unmixed(list(written.facts), people_rows, day, checked)
         line_scores = await self._line_scores(facts, people_rows, day) if facts else None
         seen: dict[str, int] = {}
         known = {" ".join(memory.text.casefold().split()) for memory in day.remembered.values()}
@@ -318,6 +317,7 @@ class FactCheck:
         speaker, sources = self._source(fact, day, rows, scores, claimed if isinstance(claimed, Speaker) else None)
         if speaker is None:
             return None, "not supported by one person's own lines"
+        fact = replace(fact, text=_tags_named(fact.text, day, speaker))
         others = [s for s in day.speakers.values() if s.user_id != speaker.user_id]
         if any(names_in(fact.text, s.name) and not names_in(speaker.name, s.name) for s in others):
             return None, "names someone else than the person who said it"
@@ -489,8 +489,13 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\w+", text.casefold())
 
 
-def _tags_named(text: str, day: DayText) -> str:
-    """A fact with the day's speaker tags written as names: small models copy the tags ("P1 worked as a nurse")."""
+def _tags_named(text: str, day: DayText, speaker: Speaker) -> str:
+    """A fact with the day's speaker tags written as names: small models copy the tags ("P1 worked as a nurse"). A tag
+    that opens the fact stands for the person whose lines it comes from, whatever the tag (Qwen2.5-Coder 0.5B wrote
+    "P3 is allergic to penicillin" for Juno's P1): the lines decide. Any other tag is that speaker's name."""
+    opener = TAG.match(text.lstrip())
+    if opener is not None and opener.group(1).upper() != BOT_TAG:
+        text = speaker.name + text.lstrip()[opener.end() :]
     return TAG.sub(lambda found: day.speakers[found.group(1).upper()].name if found.group(1).upper() in day.speakers
                    else found.group(0), text)
 
