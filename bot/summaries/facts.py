@@ -154,8 +154,9 @@ class FactCheck:
         parts become a fact of their own, with that person's tag (their lines decide, and every check follows, as for
         any fact): Qwen2.5-Coder 1.5B wrote "Lucía arrives late to the meeting, and Inés is training for the Madrid
         marathon" for Pablo. A part of the fact kept that names another speaker of the day is a claim about them: left
-        out, with the reason, when the fact's other parts still say something ("Pablo added three new cats and Inés
-        mentioned another")."""
+        out, with the reason, when the fact's other parts still say something about their person, by name or in the
+        first person ("Pablo added three new cats and Inés mentioned another"); otherwise the fact stays whole (and
+        names someone else)."""
         split = [[part for part in fact_parts(fact.text) if _without_speaker_text(part, day)] for fact in facts]
         if not rows or not any(len(parts) > 1 for parts in split):
             return facts
@@ -195,6 +196,8 @@ class FactCheck:
             owner = by_user.get(keep) if keep is not None else claimed if isinstance(claimed, Speaker) else None
             if owner is not None:
                 plain = [part for part in kept if not _names_another(part, owner, day)]
+                if not any(names_in(part, owner.name) or first_person(part) for part in plain):
+                    plain = []  # what is left says nothing about anyone ("room B4" of "Sam's exam is on May 12, room B4")
                 for part in (kept if plain else []):
                     if part not in plain:
                         checked.dropped.append((replace(fact, text=part), "names someone else than the person who said it"))
