@@ -585,11 +585,13 @@ async def test_a_part_that_says_something_about_someone_else_is_left_out_and_the
         (JUNO, "correction: now I have three cats, we adopted Nube yesterday"),
         (RIN, "ooh another cat"),
         (RIN, "the exam is on May 12, room B4"),
+        (SAM, "the picnic changed to Sunday at 6pm, due to the rain"),
     ])
     summarizer.text(facts(  # what Qwen2.5-Coder 1.5B wrote of such a day (in Spanish)
         ("P1", "self", "Juno arrives late to the meetings, and Rin is training for the Madrid marathon in April."),
         ("P3", "self", "Juno adopted three new cats and Rin mentioned another."),
         ("P1", "self", "Juno's exam is on May 12, room B4"),  # what is left without Juno ("room B4") is no fact
+        ("P3", "self", "Juno adopted three new cats, due to the rain"),  # Sam's "due to the rain" is no fact either
     ))
     await end_day(world, MONDAY)
     assert sorted((m.owner_id or 0, m.text) for m in await memories(world)) == [
@@ -597,6 +599,7 @@ async def test_a_part_that_says_something_about_someone_else_is_left_out_and_the
     ]
     dropped = {(fact.text, why) for fact, why in world.services.summaries.notes.last[(CHANNEL, MONDAY)].dropped}
     assert ("Rin mentioned another.", "names someone else than the person who said it") in dropped
+    assert ("due to the rain", "part of a fact said by someone else") in dropped
     assert not any("late" in m.text for m in await memories(world))  # Sam's claim about Juno is nobody's memory
 
 

@@ -151,9 +151,10 @@ class FactCheck:
         birthday) are cut into parts, each going to the author of its closest line (by GROUND_MIN and GROUND_MARGIN, as
         a whole fact does); a part nobody clearly said stays with the fact. The fact keeps the parts of one person: the
         one the model named, if they said a part, else the author of the best-supported part; every other person's
-        parts become a fact of their own, with that person's tag (their lines decide, and every check follows, as for
-        any fact): Qwen2.5-Coder 1.5B wrote "Lucía arrives late to the meeting, and Inés is training for the Madrid
-        marathon" for Pablo. A part of the fact kept that names another speaker of the day is a claim about them: left
+        parts that name them or speak in the first person become a fact of their own, with that person's tag (their
+        lines decide, and every check follows, as for any fact; a fragment such as "due to the rain." is dropped):
+        Qwen2.5-Coder 1.5B wrote "Lucía arrives late to the meeting, and Inés is training for the Madrid marathon"
+        for Pablo. A part of the fact kept that names another speaker of the day is a claim about them: left
         out, with the reason, when the fact's other parts still say something about their person, by name or in the
         first person ("Pablo added three new cats and Inés mentioned another"); otherwise the fact stays whole (and
         names someone else)."""
@@ -190,13 +191,17 @@ class FactCheck:
                 ((author, score) for _, author, score in parts if author is not None), key=lambda pair: pair[1]
             )[0]) if said_by else None
             for part, author, _ in parts:
-                if author not in (keep, None) and author in by_user:
+                if author in (keep, None):
+                    continue
+                if author in by_user and _about_its_person(part, by_user[author]):
                     theirs.append(RawFact(by_user[author].tag, fact.about, part))
+                else:  # "due to the rain.": a fragment, no fact of its own
+                    checked.dropped.append((replace(fact, text=part), "part of a fact said by someone else"))
             kept = [part for part, author, _ in parts if author in (keep, None)]
             owner = by_user.get(keep) if keep is not None else claimed if isinstance(claimed, Speaker) else None
             if owner is not None:
                 plain = [part for part in kept if not _names_another(part, owner, day)]
-                if not any(names_in(part, owner.name) or first_person(part) for part in plain):
+                if not any(_about_its_person(part, owner) for part in plain):
                     plain = []  # what is left says nothing about anyone ("room B4" of "Sam's exam is on May 12, room B4")
                 for part in (kept if plain else []):
                     if part not in plain:
@@ -501,6 +506,11 @@ def _tags_named(text: str, day: DayText, speaker: Speaker) -> str:
         text = speaker.name + text.lstrip()[opener.end() :]
     return TAG.sub(lambda found: day.speakers[found.group(1).upper()].name if found.group(1).upper() in day.speakers
                    else found.group(0), text)
+
+
+def _about_its_person(part: str, speaker: Speaker) -> bool:
+    """Whether a part of a fact says something about a person on its own: it names them, or speaks in the first person."""
+    return names_in(part, speaker.name) or first_person(part)
 
 
 def _names_another(text: str, speaker: Speaker, day: DayText) -> bool:
