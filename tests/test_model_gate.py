@@ -34,9 +34,9 @@ async def shared() -> AsyncIterator[FakeChatServer]:
 async def services(make_core: MakeCore, shared: FakeChatServer) -> AsyncIterator[Services]:
     core = await make_core(chat_base_url=shared.base_url, chat_model="fake-model", chat_timeout_s=10.0, summary_timeout_s=10.0)
     built = build_services(core, bot_user_id=BOT)
-    await built.pipeline.start()
+    await built.pipeline.servers.sync_default_persona()
     yield built
-    await built.pipeline.close()
+    await built.pipeline.model.close()
     await built.summaries.close()
 
 
