@@ -97,6 +97,9 @@ async def main(args: argparse.Namespace) -> int:
                         count = args.throughput_replies or (600 if quick else 2000)
                         figures = await throughput.run(url, dataset, count, say)
                         figures["load_average"] = load_average()
+                        figures["cpu_warnings"] = throughput.cpu_warnings(figures["cpu_ms_per_reply"], figures["load_average"])
+                        for warning in figures["cpu_warnings"].values():
+                            say(f"  WARNING: {warning}")
                         results["throughput"] = figures
                         for key in ("replies_per_s", "embed_ms_p50", "embed_batch_per_s", "rss_mb"):
                             results[key] = figures[key]

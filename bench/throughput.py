@@ -41,6 +41,14 @@ import psutil
 
 from bench.synth import BASE_DAY, Dataset, message_text
 
+# The bot process's CPU per reply as recorded (docs/benchmarks.md, section 2: a quiet 2-core AMD EPYC VM, 2000
+# replies per phase). CPU per reply is the figure that load from other processes moves least, so a run above
+# one of these by more than CPU_TOLERANCE says so in its output, in results.json and in the table: the reply
+# got heavier (or the machine is busier: the warning gives the load average to tell which). Lower them when a
+# change makes the reply lighter; raise one only with the reason written beside it.
+RECORDED_CPU_MS = {"core_path": 3.8, "pipeline": 10.8, "whatif": 4.1}
+CPU_TOLERANCE = 0.15
+
 SERVERS = 20
 CHANNELS_PER_SERVER = 3
 IN_FLIGHT = 50
@@ -54,6 +62,19 @@ class ServerInfo:
     channel_ids: list[int]
     users: list[int]
     topics: list[int]
+
+
+def cpu_warnings(cpu_ms: dict[str, float], load_average: list[float]) -> dict[str, str]:
+    """A sentence for each CPU-per-reply figure (by phase) above its recorded value by more than CPU_TOLERANCE."""
+    found = {}
+    for phase, recorded in RECORDED_CPU_MS.items():
+        measured = cpu_ms.get(phase)
+        if measured is not None and measured > recorded * (1 + CPU_TOLERANCE):
+            found[phase] = (
+                f"bot CPU per reply, {phase.replace('_', ' ')}: {measured:.1f} ms, above the recorded {recorded:.1f} ms"
+                f" (+{100 * (measured / recorded - 1):.0f}%; load average {', '.join(f'{x:g}' for x in load_average)})"
+            )
+    return found
 
 
 def server_sample(dataset: Dataset, seed: int = 21) -> list[ServerInfo]:

@@ -154,18 +154,52 @@ def test_history_and_documents_do_not_reach_into_the_memory_core() -> None:
     assert wrong == set()
 
 
+# Classes allowed past 300 lines counting the classes of the bot they inherit from, and why. An entry that is
+# no longer needed fails the test too.
+LONG_CLASSES = {
+    # the console's commands are one class per layer (session, server commands, chat) stacked by inheritance
+    "bot.console.ConsoleChat": "the console's chat on top of its server commands and session; to be composed instead",
+    "bot.console_session.ServerCommands": "the console's server commands on top of its session; to be composed instead",
+    # the day's summary work is a base class of the summaries service
+    "bot.summaries.service.ChannelSummaries": "the summaries service on top of its day work; to be composed instead",
+    # grew past the limit with the day-end notes' checks of who said what (313 lines); to be split
+    "bot.summaries.facts.FactCheck": "the day-end notes' checks of each fact against its lines; to be split",
+}
+CLASS_LINES = 300
+
+
+def class_lines(trees: dict[str, ast.Module]) -> dict[str, int]:
+    """Lines of every class of bot/ and cogs/ with those of the bot's own classes it inherits from (its mixins):
+    a class built from parts that each stay under the limit is still one class to read."""
+    classes: dict[str, tuple[ast.ClassDef, str]] = {}
+    for module, tree in trees.items():
+        if module.startswith(("bot.", "cogs.")):
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    classes.setdefault(node.name, (node, module))
+
+    def lines(name: str, seen: frozenset[str] = frozenset()) -> int:
+        node, _ = classes[name]
+        own = (node.end_lineno or 0) - node.lineno + 1
+        bases = {ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases}
+        return own + sum(lines(base, seen | {name}) for base in bases if base in classes and base not in seen)
+
+    return {f"{module}.{name}": lines(name) for name, (_, module) in classes.items()}
+
+
 def test_no_module_is_too_long_to_read() -> None:
-    """No module above 600 lines and no class above 300: past that, a module is doing several jobs."""
-    long_modules, long_classes = [], []
-    for module, tree in modules().items():
+    """No module above 600 lines and no class above 300 counting its mixins: past that, it is doing several jobs."""
+    long_modules = []
+    trees = modules()
+    for module, tree in trees.items():
         if module.startswith(("bot.", "cogs.")):
             lines = max((getattr(node, "end_lineno", 0) or 0 for node in ast.walk(tree)), default=0)
             if lines > 600:
                 long_modules.append(f"{module}: {lines}")
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ClassDef) and (node.end_lineno or 0) - node.lineno + 1 > 300:
-                    long_classes.append(f"{module}.{node.name}: {(node.end_lineno or 0) - node.lineno + 1}")
-    assert long_modules == [] and long_classes == []
+    long_classes = {name for name, lines in class_lines(trees).items() if lines > CLASS_LINES}
+    assert long_modules == []
+    assert sorted(long_classes - set(LONG_CLASSES)) == []
+    assert sorted(set(LONG_CLASSES) - long_classes) == [], "no longer long: take it off LONG_CLASSES"
 
 
 # Functions allowed past 60 lines, and why. An entry that is no longer needed fails the test too.
@@ -210,5 +244,7 @@ def test_the_rules_catch_what_they_say() -> None:
     assert any(isinstance(n, ast.Attribute) and n.attr == "pool" for n in ast.walk(bad))
     long = ast.parse("class A:\n    def f(self):\n" + "        x = 1\n" * FUNCTION_LINES)
     assert list(long_functions(long, "m")) == [("m.A.f", FUNCTION_LINES + 1)]
+    stacked = ast.parse("class A:\n" + "    x = 1\n" * 200 + "class B(A):\n" + "    y = 1\n" * 200)
+    assert class_lines({"bot.m": stacked}) == {"bot.m.A": 201, "bot.m.B": 402}
     hidden = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import discord\n")
     assert "discord" not in set(imports(hidden))
