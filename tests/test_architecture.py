@@ -162,8 +162,6 @@ LONG_CLASSES = {
     "bot.console_session.ServerCommands": "the console's server commands on top of its session; to be composed instead",
     # the day's summary work is a base class of the summaries service
     "bot.summaries.service.ChannelSummaries": "the summaries service on top of its day work; to be composed instead",
-    # grew past the limit with the day-end notes' checks of who said what (313 lines); to be split
-    "bot.summaries.facts.FactCheck": "the day-end notes' checks of each fact against its lines; to be split",
 }
 CLASS_LINES = 300
 
