@@ -8,17 +8,15 @@ were taken back.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import asyncpg
 
 from bot.chat import log_store as store
 from bot.chat.messages import IncomingMessage, storable
 from bot.db import Connection
-
-T = TypeVar("T")
 
 
 class ChatLog:
@@ -53,27 +51,19 @@ class ChatLog:
         )
 
     async def record_and_read_window(
-        self,
-        message: IncomingMessage,
-        *,
-        names: Mapping[int, str],
-        context_messages: int,
-        then: Callable[[Connection], Awaitable[T]],
-    ) -> tuple[dict[str, Any], T]:
+        self, message: IncomingMessage, *, names: Mapping[int, str], context_messages: int
+    ) -> dict[str, Any]:
         """The answered message (once) and what the prompt needs from the log, on one connection: the window
-        before it, the stored names of `names`' ids and of the window's authors, the previous prompt head. `then`
-        reads on the same connection what the reply needs besides (the servers' settings, read by their owner):
-        one connection per reply instead of two."""
+        before it, the stored names of `names`' ids and of the window's authors, the previous prompt head."""
         async with self.pool.acquire() as conn:
             await self._record(conn, message, names)
-            window = await store.window_context(
+            return await store.window_context(
                 conn,
                 channel_id=message.channel_id,
                 answered_message_id=message.message_id,
                 context_messages=context_messages,
                 user_ids=names,
             )
-            return window, await then(conn)
 
     async def is_empty(self, channel_id: int) -> bool:
         """True when no message of this channel is stored yet (the adapter then reads its recent history once)."""

@@ -196,17 +196,14 @@ class ReplyPipeline:
     async def _read(self, message: IncomingMessage) -> _Read:
         """Record the message, read the window and the server's settings, and run the memory search."""
         persona_id = await self.servers.persona_id(message.guild_id)  # cached: the search uses the same
-        # Before the search, two reads at once: on one connection, the chat log records the message and the
-        # names it brings (the author's, then the mentioned users', the last one winning as if written one after
-        # the other) and reads the window, then the servers' settings give persona, lore and the server's
-        # settings (each read by the owner of its tables); beside it, the channel's summaries. Nothing read here
-        # is cached between replies.
+        # Before the search, two reads at once, each by the owner of its tables: the chat log records the
+        # message and the names it brings (the author's, then the mentioned users', the last one winning as
+        # if written one after the other) and reads the window; the servers' settings give persona, lore and
+        # the server's settings. Nothing read here is cached between replies.
         given_names = {message.author_id: message.author_name} | {user.id: user.name for user in message.mentions}
-        (log_part, settings_part), summaries = await asyncio.gather(
-            self.chat_log.record_and_read_window(
-                message, names=given_names, context_messages=self.settings.context_messages,
-                then=lambda conn: self.servers.prompt_settings(persona_id, message.guild_id, conn),
-            ),
+        log_part, settings_part, summaries = await asyncio.gather(
+            self.chat_log.record_and_read_window(message, names=given_names, context_messages=self.settings.context_messages),
+            self.servers.prompt_settings(persona_id, message.guild_id),
             self._summaries(message),
         )
         window = [line for line in (self._chat_line(row) for row in log_part["window"]) if line.text]

@@ -23,7 +23,7 @@ def context_words(texts: Iterable[str]) -> list[str]:
     """The lowercase words of the context window; a tagged memory needs one of its tags among them."""
     words: set[str] = set()
     for text in texts:
-        words.update(WORD_PATTERN.findall(text.casefold()))
+        words.update(match.group(0) for match in WORD_PATTERN.finditer(text.casefold()))
     return sorted(words)
 
 

@@ -129,10 +129,10 @@ class Servers:
         if not removed:
             raise NotFound(f"there is no lore entry #{lore_id} in this server")
 
-    async def prompt_settings(self, persona_id: int, guild_id: int | None, conn: Connection | None = None) -> PromptSettings:
+    async def prompt_settings(self, persona_id: int, guild_id: int | None) -> PromptSettings:
         """Persona, lore texts and server settings for one reply's prompt, in one statement, read fresh."""
-        async with self._using(conn) as using:
-            return await store.prompt_settings(using, persona_id, guild_id)
+        async with self.pool.acquire() as conn:
+            return await store.prompt_settings(conn, persona_id, guild_id)
 
     # --- server settings and blocklists ---
 
