@@ -173,8 +173,6 @@ LONG_FUNCTIONS = {
     # temporary: the reply path is being rewritten; these shrink with it
     "bot.chat.reply.ReplyPipeline._reply": "the reply path, being rewritten",
     "bot.chat.model.ChatModel._converse": "the reply path, being rewritten",
-    "bot.tools.smoke.run_smoke": "the four-turn check of the reply path, rewritten with it",
-    "bot.tools.smoke._Run.turn": "one turn of the smoke run and every check of its reply, rewritten with it",
     # temporary: merging before forgetting was just added to the save path
     "bot.memory.saves.MemorySaves._store": "the save path, reworked for merge before forget; to be split next",
     # the list of settings itself: one keyword per setting in the one constructor call

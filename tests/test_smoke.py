@@ -173,5 +173,8 @@ async def test_the_long_conversation_passes_when_the_bot_fixes_what_small_models
     assert "16 replies; in what was posted: label 0, user id 0, fence 0, empty 0, tool wording 0, repeat 0, echo 0, " \
            "claim 0, language 0; Spanish questions answered in Spanish 2/2" in figures
     assert "label" in figures.split("took out: ")[1] and "claim" in figures and "echo" in figures
+    # every answer was fixed by the checks or asked again, never replaced by the honest sentence; the three
+    # birthday answers claimed a save that never ran, and said so
+    assert "the honest sentence instead of the model's answer 0/16; the line saying nothing was saved 3" in figures
     recorded = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
     assert any(r["raw"].startswith("Juno (user 7003): ") and "label" in r["problems"] for r in recorded)

@@ -20,8 +20,12 @@ from bot.chat.reply_text import (
     ECHO,
     EMPTY,
     FENCE,
+    HONEST,
+    HONEST_ES,
     LABEL,
     LANGUAGE,
+    NOT_SAVED,
+    NOT_SAVED_ES,
     REPEAT,
     TOOL_WORDING,
     USER_ID,
@@ -82,6 +86,8 @@ class Tally:
     asked_again: int = 0
     spanish_asked: int = 0
     spanish_answered: int = 0
+    honest: int = 0  # replies that were the bot's honest sentence: the model's own answers could not be posted
+    not_saved: int = 0  # replies that carried the line saying nothing was saved (a claim was taken out)
     failing_turns: list[str] = field(default_factory=list)
 
     def add(self, label: str, reading: ReplyReading, answered: str, posted: str) -> None:
@@ -89,6 +95,8 @@ class Tally:
         self.found.update(set(reading.problems))
         self.fixed.update(set(reading.fixed))
         self.asked_again += reading.asked_again
+        self.honest += posted.strip() in (HONEST, HONEST_ES)
+        self.not_saved += any(line.strip() in (NOT_SAVED, NOT_SAVED_ES) for line in posted.splitlines())
         if looks_spanish(answered):
             self.spanish_asked += 1
             self.spanish_answered += looks_spanish(posted)
@@ -101,7 +109,8 @@ class Tally:
         return (
             f"{self.replies} replies; in what was posted: {seen}; Spanish questions answered in Spanish "
             f"{self.spanish_answered}/{self.spanish_asked}. The bot's checks took out: {fixed}; asked the model again "
-            f"{self.asked_again} times"
+            f"{self.asked_again} times; the honest sentence instead of the model's answer {self.honest}/{self.replies}; "
+            f"the line saying nothing was saved {self.not_saved}"
         )
 
 
