@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,9 @@ def _memory_id(arguments: dict[str, Any]) -> int:
     if memory_id is None:
         raise ToolCallError(f"memory_id must be the number shown with a memory, not {shown(arguments.get('memory_id'))}")
     return memory_id
+
+
+FIRST_PERSON = re.compile(r"\s*(?:my|i|i['’]m|i['’]ve|i['’]ll|i['’]d)\b", re.IGNORECASE)
 
 
 def _about_user(value: object, context: ToolContext) -> int:
@@ -242,12 +246,12 @@ class MemoryTools:
         text = _text_argument(arguments, self.settings.memory_max_chars)
         raw_list = arguments.get("list")
         list_name = as_list_name(raw_list)
-        if list_name is None and isinstance(raw_list, list) and "personal" in raw_list and (
-            arguments.get("about_user") not in (None, "") or as_bool(arguments.get("global"))
-        ):  # ["server", "personal"] with a person named, or Global: only a personal memory has those
+        if list_name is None and isinstance(raw_list, list) and "personal" in raw_list:
+            list_name = "personal"  # ["server", "personal"]: the narrower reach, never the whole server's by a guess
+        if list_name == "server" and "personal" in context.lists and (
+            arguments.get("about_user") not in (None, "") or FIRST_PERSON.match(text)
+        ):  # a fact about one named person, or in the speaker's own words ("My cat is called Mochi"), is personal
             list_name = "personal"
-        if list_name == "server" and "personal" in context.lists and arguments.get("about_user") not in (None, ""):
-            list_name = "personal"  # a fact about one named person is a personal memory, whatever list was written
         if list_name not in context.lists:
             raise ToolCallError(f"list must be one of: {', '.join(sorted(context.lists))}")
         memory_list = MemoryList(list_name)
