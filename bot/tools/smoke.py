@@ -251,7 +251,8 @@ def _verdict(run: _Run, reports: list[TurnReport], memories: list[Memory]) -> in
         problems.append("tool JSON in the reply of turn " + ", ".join(str(n) for n in leaks))
     if run.tally.failing_turns:
         problems.append("what people read: " + "; ".join(run.tally.failing_turns))
-    emit(f"Figures: {run.tally.figures()}; background model calls stopped for a reply: {run.services.model.gate.stopped}")
+    emit(f"Figures: {run.tally.figures()}; background model calls stopped for a reply: {run.services.model.gate.stopped}; "
+         f"re-warms of the chat's prompt after them: {run.services.model.gate.warmed}")
     summary = f"{len(memories)} {'memory' if len(memories) == 1 else 'memories'}, replies {min(times):.1f}-{max(times):.1f} s"
     if problems:
         emit(f"FAIL: {'; '.join(problems)} ({summary})")
