@@ -136,10 +136,20 @@ def test_an_echo_of_the_message_is_not_usable(answered: str, reply: str) -> None
 
 
 def test_a_repeat_of_an_earlier_reply_is_not_usable_but_a_short_one_may_come_twice() -> None:
-    earlier = ("There is no memory #2 in this conversation; use an id shown with a memory.", "Thanks!")
-    assert REPEAT in check("Noted: There is no memory #2 in this conversation; use an id shown with a memory.",
-                           facts("when is game night again?", earlier=earlier)).problems
+    earlier = ("Game night is every Friday at 8pm, at Bau's place.", "Thanks!")
+    assert REPEAT in check("Noted: Game night is every Friday at 8pm, at Bau's place.",
+                           facts("can you recommend a good sci-fi novel?", earlier=earlier)).problems
+    refusal = check("Noted: There is no memory #2 in this conversation; use an id shown with a memory.", facts())
+    assert TOOL_WORDING in refusal.problems and not refusal.usable  # a tool's refusal, retold
     assert check("Thanks!", facts("here you go", earlier=earlier)).usable
+
+
+def test_a_repeat_behind_the_line_saying_nothing_was_saved_is_still_a_repeat() -> None:
+    """The claim goes and the bot's line comes in its place: what is left of the model's answer is compared."""
+    earlier = ("Have a good one, Rin! Your birthday is coming soon.",)
+    checked = check("I've saved a memory about your birthday. Have a good one, Rin! Your birthday is coming soon.",
+                    facts("Do you remember when my birthday is?", earlier=earlier))
+    assert CLAIM in checked.problems and REPEAT in checked.problems and not checked.usable
 
 
 def test_an_ordinary_answer_passes_unchanged() -> None:

@@ -219,7 +219,10 @@ _SENTENCE = re.compile(r"[^.!?\n]*(?:[.!?]+[\"'”’)\]]*|\n|$)")
 _TOOL_WORDING = re.compile(
     r"\b(?:save_memory|update_memory|forget_memory|memory_id|forgotten_to_make_room|similar_memories|"
     r"already_remembered_as|about_user|tool_calls?|tool_choice|tool results?)\b|forgotten to make room|"
-    r"already remembered as|\bsimilar memories\b|<\s*/?\s*tool_call|\"(?:ok|error|hint|note)\"\s*:",
+    r"already remembered as|\bsimilar memories\b|<\s*/?\s*tool_call|\"(?:ok|error|hint|note)\"\s*:|"
+    # what a tool result says, retold: "has been assigned the memory ... with an ID of 2", "memory #4", "the 7005 user"
+    r"\bassigned (?:the |a |this )?memor(?:y|ies)\b|\bmemor(?:y|ies) (?:id|#)\s*\d|\b(?:with |con )(?:an? |the |el )?id\b"
+    r"(?: of| is| de)?\s*#?\d|\b\d{3,} user\b",
     re.IGNORECASE,
 )
 
@@ -363,9 +366,9 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
     if not _has_words(cleaned):
         problems.append(EMPTY)
         cleaned = ""
-    elif any(is_echo(cleaned, source) for source in (facts.answered, *facts.also_not)):
-        problems.append(ECHO)
-    elif is_repeat(cleaned, facts.earlier_replies, facts.earlier_asked, facts.answered):
+    elif any(is_echo(history_text(cleaned), source) for source in (facts.answered, *facts.also_not)):
+        problems.append(ECHO)  # compared without the line saying nothing was saved: that line is the bot's, not an answer
+    elif is_repeat(history_text(cleaned), facts.earlier_replies, facts.earlier_asked, facts.answered):
         problems.append(REPEAT)
     elif looks_spanish(facts.answered) and not looks_spanish(cleaned):
         problems.append(LANGUAGE)  # usable, but worth one more try in the right language

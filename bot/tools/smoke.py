@@ -51,10 +51,11 @@ NO_MODEL = (
 BOT_USER_ID = 2
 GUILD_ID = 7_001
 CHANNEL_ID = 7_002
-JUNO_ID = 7_003
+# People get ids of Discord's size (18 digits): the reply checks tell an id from a number ("8pm", "May 3") by its length.
+JUNO_ID = 401_234_567_890_107_003
 JUNO = "Juno"
 LONG_CHANNEL_ID = 7_004
-PEOPLE = {JUNO: JUNO_ID, RIN: 7_005, BAU: 7_006}
+PEOPLE = {JUNO: JUNO_ID, RIN: 401_234_567_890_107_005, BAU: 401_234_567_890_107_006}
 
 # (days to move the clock forward before the turn, what Juno types)
 SCRIPT: tuple[tuple[int, str], ...] = (

@@ -31,6 +31,7 @@ from bot.chat.reply_text import (
     USER_ID,
     ReplyFacts,
     check,
+    history_text,
     looks_spanish,
 )
 from bot.chat.text_calls import parse_text_calls, strip_tool_json
@@ -71,7 +72,10 @@ def read_reply(
 ) -> ReplyReading:
     """The failures a person would see in `posted`, found with the bot's own checks (the same question asked again may
     get the same answer: `earlier_asked` says what each earlier reply answered)."""
-    checked = check(posted, ReplyFacts(answered, speakers, persona, earlier, done, earlier_asked=earlier_asked))
+    model_part = history_text(posted)  # the bot's own lines ("📝 Saved: …", the honest sentence) are no answer to read
+    if not model_part:
+        return ReplyReading([], list(fixed), asked_again)
+    checked = check(model_part, ReplyFacts(answered, speakers, persona, earlier, done, earlier_asked=earlier_asked))
     problems = [problem for problem in checked.problems if problem in FAILURES]
     return ReplyReading(problems, list(fixed), asked_again)
 
