@@ -17,6 +17,7 @@ from bot.chat.reply_text import (
     EMPTY,
     FENCE,
     LABEL,
+    LEAD_IN,
     NOT_SAVED,
     NOT_SAVED_ES,
     REPEAT,
@@ -217,3 +218,19 @@ def test_an_answer_written_as_a_memory_line_is_unwrapped() -> None:
 def test_json_cut_short_by_the_output_limit_is_not_posted(reply: str) -> None:
     checked = check(reply, facts("¿Cuándo es la noche de juegos?"))
     assert checked.text == "" and TOOL_WORDING in checked.problems and not checked.usable
+
+
+@pytest.mark.parametrize(
+    ("reply", "left"),
+    [
+        ("Sure, here's my reply in Markdown:", ""),
+        ("Here's my reply in Markdown:\n\n\"Dune\" by Frank Herbert is a classic.", "\"Dune\" by Frank Herbert is a classic."),
+        ("Sure, here's my sci-fi novel recommendation:\n\nTry \"Dune\".", "Try \"Dune\"."),
+    ],
+)
+def test_a_lead_in_that_only_says_an_answer_follows_goes(reply: str, left: str) -> None:
+    """Qwen2.5-Coder 0.5B wrote the instructions' words in front of its answer, then copied them into every later
+    reply; with them gone, a reply that repeats an earlier one in other words is seen as the repeat it is."""
+    checked = check(reply, facts("Can you recommend a good sci-fi novel?"))
+    assert checked.text == left and LEAD_IN in checked.problems
+    assert checked.usable is bool(left)

@@ -7,7 +7,8 @@ once more. So every reply passes `check` before it is posted:
 
 - a speaker label or user id of anyone in the conversation at its start is cut, and so is a transcript
   the model went on writing for other speakers, and a `(user 123)` id anywhere;
-- a lone fence, or a plain-text answer wrapped in one, loses the fence;
+- a lone fence, or a plain-text answer wrapped in one, loses the fence; so does a lead-in ("Sure, here's my reply
+  in Markdown:") that only says an answer follows;
 - a sentence in tool wording (`memory_id`, "forgotten to make room") goes, and so does a memory line or tool
   result the model copied (`{"id": 4, "text": "..."}`; when that is the whole reply, its text is the answer);
 - a sentence saying a memory was saved, changed or forgotten when no such change ran in this reply goes,
@@ -43,8 +44,8 @@ NOT_SAVED_ES = "(No he guardado nada en mi memoria en esta respuesta.)"
 NOTICE_MARKS = ("📝", "✏️", "🗑️", "📦", "⚠️", "🗒️")  # the first character of every notice line the bot writes
 
 # Problems `check` reports (the receipts count them; `make smoke` fails on the ones that reach people).
-LABEL, USER_ID, FENCE, TOOL_WORDING, CLAIM, ECHO, REPEAT, EMPTY, LANGUAGE = (
-    "label", "user id", "fence", "tool wording", "claim", "echo", "repeat", "empty", "language"
+LABEL, USER_ID, FENCE, TOOL_WORDING, CLAIM, ECHO, REPEAT, EMPTY, LANGUAGE, LEAD_IN = (
+    "label", "user id", "fence", "tool wording", "claim", "echo", "repeat", "empty", "language", "lead-in"
 )
 UNUSABLE = frozenset({ECHO, REPEAT, EMPTY})
 
@@ -164,6 +165,23 @@ def _strip_labels(text: str, facts: ReplyFacts, problems: list[str]) -> str:
     if without_ids != text:
         problems.append(USER_ID)
     return without_ids
+
+
+# --- lead-ins -----------------------------------------------------------------------------------------------
+
+# "Sure, here's my reply in Markdown:" - the instructions' words about the answer, in front of it (or instead of it)
+_LEAD_IN = re.compile(
+    r"^\s*(?:(?:sure|ok(?:ay)?|of course|certainly|claro)[,!.]?\s*)?here(?:'s| is| are)\s+(?:my|the|a|an|your)\s+"
+    r"(?:[\w-]+\s+){0,4}?(?:reply|answer|response|recommendation|message)s?\b[^:\n]{0,40}:[ \t]*\n?",
+    re.IGNORECASE,
+)
+
+
+def _strip_lead_in(text: str, problems: list[str]) -> str:
+    without = _LEAD_IN.sub("", text, count=1)
+    if without != text:
+        problems.append(LEAD_IN)
+    return without
 
 
 # --- fences --------------------------------------------------------------------------------------------------
@@ -354,6 +372,7 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
     cleaned = _strip_labels(text.strip(), facts, problems)
     cleaned = _strip_fences(cleaned, problems).strip()
     cleaned = _strip_labels(cleaned, facts, problems).strip()  # a label inside the fence
+    cleaned = _strip_fences(_strip_lead_in(cleaned, problems), problems).strip()  # "Here's my reply:" and its fence
     inner = _lone_text_object(cleaned)
     if inner is not None:  # the answer written as a memory line: {"id": 15, "text": "You're welcome, Juno!"}
         problems.append(TOOL_WORDING)
