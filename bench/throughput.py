@@ -339,7 +339,7 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
         ),
     }
     pipelines = {name: services.pipeline for name, services in wired.items()}
-    await pipelines["pipeline"].start()
+    await wired["pipeline"].servers.sync_default_persona()
     for server, channel in channels:  # a context window to start from, as a live channel has
         await wired["pipeline"].chat_log.record_backfill([message(server, channel) for _ in range(HISTORY_PER_CHANNEL)])
 
@@ -371,8 +371,8 @@ async def worker(url: str, stub_url: str, servers_path: str, replies: int, stub_
     batched = (batcher.texts - texts_before) / max(batcher.calls - calls_before, 1)
     _say(f"  built-in model calls during the pipeline blocks: {batcher.calls - calls_before:,}, {batched:.1f} texts per call")
     lean_figures = summarize("pipeline, what-if (every message embedded ahead of time)", blocks["whatif"])
-    for pipeline in pipelines.values():
-        await pipeline.close()
+    for services in wired.values():
+        await services.model.close()
     await pool.close()
     if failures:
         _say(f"{len(failures)} replies did not complete, e.g. {failures[0]}")

@@ -351,11 +351,11 @@ class Worker:
         embedder = DeadlineEmbedder(TopicEmbedder(len(World(size).anchors)), settings.embedding_timeout_s)
         core = memory_core(pool, embedder, settings, clock)
         pipeline = build_services(core, bot_user_id=BOT_ID).pipeline
-        await pipeline.start()
+        await pipeline.servers.sync_default_persona()
         return cls(core, pipeline, clock, size.concurrency)
 
     async def close(self) -> None:
-        await self.pipeline.close()
+        await self.pipeline.model.close()
         await self.core.pool.close()
 
     async def run(self, day: date, ops: Sequence[Op], *, sequential: bool = False) -> list[dict[str, Any]]:

@@ -128,7 +128,7 @@ async def build_world(make_core, clock: ManualClock, chat_base_url: str | None =
         settings.update(chat_base_url=chat_base_url, chat_model="fake-model")
     core: MemoryCore = await make_core(**settings)
     services = build_services(core, bot_user_id=BOT)
-    await services.pipeline.start()
+    await services.pipeline.servers.sync_default_persona()
     return World(services, services.pipeline, services.history, services.documents, services.upkeep, clock)
 
 

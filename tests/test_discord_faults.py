@@ -120,7 +120,7 @@ async def live(make_core: MakeCore) -> AsyncIterator[Live]:
             yield Live(bot, fake, chat)
         finally:
             await bot.close()
-            await services.pipeline.close()
+            await services.pipeline.model.close()
 
 
 def handled_failures(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:

@@ -57,7 +57,7 @@ def test_passages_follow_paragraphs_and_headings() -> None:
 async def world(make_core: MakeCore, clock: ManualClock, chat: FakeChatServer) -> AsyncIterator[World]:
     built = await build_world(make_core, clock, chat.base_url)
     yield built
-    await built.pipeline.close()
+    await built.pipeline.model.close()
 
 
 async def test_add_list_replace_delete_and_limits(world: World) -> None:
@@ -112,7 +112,7 @@ async def test_documents_are_found_and_placed_in_the_tail(
         in_dm = await world.pipeline.reply(world.message(JUNO, "what time is game night on friday?", guild=None))
         assert in_dm.receipt.items("documents") == []  # documents belong to servers
     finally:
-        await world.pipeline.close()
+        await world.pipeline.model.close()
 
 
 async def test_passages_waiting_for_a_vector_are_embedded_in_the_background(make_core: MakeCore, clock: ManualClock) -> None:

@@ -68,7 +68,7 @@ def test_messages_freed_by_an_edit_are_chunked_again_whatever_their_number() -> 
 async def world(make_core: MakeCore, clock: ManualClock, chat: FakeChatServer) -> AsyncIterator[World]:
     built = await build_world(make_core, clock, chat.base_url, context_messages=6)
     yield built
-    await built.pipeline.close()
+    await built.pipeline.model.close()
 
 
 async def chunk_rows(pool: asyncpg.Pool, channel: int = CHANNEL) -> list[asyncpg.Record]:
@@ -147,7 +147,7 @@ async def test_recall_adds_the_matching_chunk_within_the_budget(world: World, ch
     outcome = await small.pipeline.reply(world.message(SAM, "what's the weather like today?"))
     assert outcome.receipt.items("history") == []
     assert "nothing relevant" in outcome.receipt.sources["history"]["note"]
-    await small.pipeline.close()
+    await small.pipeline.model.close()
 
 
 async def _same_core(world: World, **overrides: object) -> MemoryCore:

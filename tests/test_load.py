@@ -399,6 +399,6 @@ async def test_two_shard_groups_share_the_database_and_answer_only_their_own_ser
                     await asyncio.wait_for(task, 30)
             for bot in bots:
                 assert bot.services.pipeline is not None
-                await bot.services.pipeline.close()
+                await bot.services.pipeline.model.close()
             for pool in pools:
                 await pool.close()

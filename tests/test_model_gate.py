@@ -34,9 +34,9 @@ async def shared() -> AsyncIterator[FakeChatServer]:
 async def services(make_core: MakeCore, shared: FakeChatServer) -> AsyncIterator[Services]:
     core = await make_core(chat_base_url=shared.base_url, chat_model="fake-model", chat_timeout_s=10.0, summary_timeout_s=10.0)
     built = build_services(core, bot_user_id=BOT)
-    await built.pipeline.start()
+    await built.pipeline.servers.sync_default_persona()
     yield built
-    await built.pipeline.close()
+    await built.pipeline.model.close()
     await built.summaries.close()
 
 
@@ -102,7 +102,7 @@ async def _services(make_core: MakeCore, server: FakeChatServer, **values: objec
     core = await make_core(chat_base_url=server.base_url, chat_model="fake-model", chat_timeout_s=10.0,
                            summary_timeout_s=10.0, **values)
     built = build_services(core, bot_user_id=BOT)
-    await built.pipeline.start()
+    await built.pipeline.servers.sync_default_persona()
     return built
 
 
@@ -160,5 +160,5 @@ async def test_no_rewarm_when_it_is_off_or_the_server_is_not_shared(
         assert [is_summary_request(body) for body in shared.requests] == [False, True]
         assert built.model.gate.warmed == 0
     finally:
-        await built.pipeline.close()
+        await built.pipeline.model.close()
         await built.summaries.close()

@@ -35,9 +35,9 @@ PRIVATE_THREAD = CHANNEL + 2
 async def pipeline(make_core: MakeCore, chat: FakeChatServer) -> AsyncIterator[ReplyPipeline]:
     core = await make_core(chat_base_url=chat.base_url, chat_model="fake-model", chat_timeout_s=5.0)
     built = build_services(core, bot_user_id=BOT).pipeline
-    await built.start()
+    await built.servers.sync_default_persona()
     yield built
-    await built.close()
+    await built.model.close()
 
 
 async def add(pipeline: ReplyPipeline, text: str, *, owner: int | None = None, **extra: object) -> int:
@@ -93,7 +93,7 @@ async def test_a_full_list_makes_room_only_among_what_the_conversation_may_see(
     assert hidden in {memory.id for memory in await core.all_memories()}
     result = chat.tool_results(1)[0]
     assert [gone["id"] for gone in result["forgotten_to_make_room"]] == [visible]
-    await pipeline.close()
+    await pipeline.model.close()
 
 
 async def test_the_model_saves_personal_memories_only_about_the_person_it_answers_and_never_global(

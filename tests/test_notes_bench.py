@@ -71,7 +71,7 @@ async def test_the_notes_path_keeps_the_facts_of_a_conversation_and_never_a_clai
             memory_notes="daily",
         )
         services = build_services(core, bot_user_id=2)
-        await services.pipeline.start()
+        await services.pipeline.servers.sync_default_persona()
         player = Player(services, clock)
         for number, name in enumerate(("three friends", "en español")):
             conversation = next(c for c in CONVERSATIONS if c["name"] == name)

@@ -43,13 +43,13 @@ async def make_pipeline(make_core: MakeCore, chat: FakeChatServer) -> AsyncItera
     async def build(**overrides: object) -> ReplyPipeline:
         settings = {"chat_base_url": chat.base_url, "chat_model": "fake-model", "chat_timeout_s": 5.0, **overrides}
         pipeline = build_services(await make_core(**settings), bot_user_id=BOT).pipeline
-        await pipeline.start()
+        await pipeline.servers.sync_default_persona()
         built.append(pipeline)
         return pipeline
 
     yield build
     for pipeline in built:
-        await pipeline.close()
+        await pipeline.model.close()
 
 
 async def save(

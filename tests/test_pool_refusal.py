@@ -73,7 +73,7 @@ async def test_concurrent_replies_wait_for_a_pooled_connection(limited_url: str,
         clock = ManualClock()
         core = memory_core(pool, DeadlineEmbedder(builtin_embedder, 30.0), settings, clock)
         pipeline = build_services(core, bot_user_id=BOT).pipeline
-        await pipeline.start()
+        await pipeline.servers.sync_default_persona()
         channels = itertools.count(7_000)
         try:
             outcomes = await asyncio.gather(
@@ -82,7 +82,7 @@ async def test_concurrent_replies_wait_for_a_pooled_connection(limited_url: str,
                 return_exceptions=True,
             )
         finally:
-            await pipeline.close()
+            await pipeline.model.close()
             await pool.close()
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     assert failed == []

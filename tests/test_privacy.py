@@ -168,7 +168,7 @@ async def world(make_core: MakeCore) -> AsyncIterator[World]:
             duplicate_similarity=1.01,  # the topic embedder gives every fact the same vector: exact text only
         )
         pipeline = build_services(core, bot_user_id=BOT).pipeline
-        await pipeline.start()
+        await pipeline.servers.sync_default_persona()
         await core.servers.update_guild_settings(TAGGED, Actor(1, can_manage=True), tagging=True)
         await core.servers.update_guild_settings(NO_PERSONAL, Actor(1, can_manage=True), personal_memories=False)
         await core.servers.set_blocked(TAGGED, BLOCKED, True)
@@ -186,7 +186,7 @@ async def world(make_core: MakeCore) -> AsyncIterator[World]:
         try:
             yield World(pipeline, chat, core.clock, ids)  # type: ignore[arg-type]
         finally:
-            await pipeline.close()
+            await pipeline.model.close()
 
 
 _message_ids = itertools.count(1)
@@ -415,7 +415,7 @@ async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: 
     async with FakeChatServer() as chat:
         core = await make_core(chat_base_url=chat.base_url, chat_model="fake-model", context_messages=5)
         pipeline = build_services(core, bot_user_id=BOT).pipeline
-        await pipeline.start()
+        await pipeline.servers.sync_default_persona()
         manager = MemoryManager(core)
         try:
             await core.servers.update_guild_settings(PLAIN, Actor(1, can_manage=True),
@@ -476,7 +476,7 @@ async def test_delete_my_data_leaves_no_row_of_the_user_in_any_table(make_core: 
                                             ids_before) == 0
             assert await core.pool.fetchval("SELECT count(*) FROM chat_messages WHERE author_id = $1", STAYS) == 9  # Sam's stay
         finally:
-            await pipeline.close()
+            await pipeline.model.close()
 
 
 

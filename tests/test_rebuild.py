@@ -108,7 +108,7 @@ async def test_rebuild_across_two_spaces_resumes_where_it_stopped(make_core: Mak
     assert history.hits and "Mount Rainier" in history.hits[0].text
     assert (await again.documents.search(GUILD, (await resumed.embed(["when is game night?"]))[0])).hits
     for world in (old, new, again):
-        await world.pipeline.close()
+        await world.pipeline.model.close()
 
 
 class Stalling:
@@ -152,7 +152,7 @@ async def test_a_cancelled_rebuild_leaves_nothing_half_done(make_core: MakeCore,
     core = memory_core(old.core.pool, fresh, old.core.settings.with_overrides(embedding_batch_size=2), clock)
     state = await Upkeep(core.embeddings, core.vectors, HistoryIndex(core.pool, core.embeddings, core.settings)).rebuild()
     assert state.paused is None and fresh.texts == ["Server fact 4"]
-    await old.pipeline.close()
+    await old.pipeline.model.close()
 
 
 async def test_python_m_bot_reembed(db_url: str, tmp_path: Path, make_core: MakeCore, clock: ManualClock) -> None:
@@ -161,7 +161,7 @@ async def test_python_m_bot_reembed(db_url: str, tmp_path: Path, make_core: Make
     saved = await down.save(NewMemory(MemoryList.SERVER, "Juno's cat is called Mochi", by=JUNO, via=Source.COMMAND,
                                       guild_id=GUILD, by_can_manage=True))
     assert saved.saved is not None and (await world.upkeep.waiting())["memories"] == 1
-    await world.pipeline.close()
+    await world.pipeline.model.close()
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CHAT_", "DISCORD_", "EMBEDDING_", "MEMORY_"))}
     env.update(PYTHONPATH=str(ROOT), DATABASE_URL=db_url, DATA_DIR=str(tmp_path), LOG_LEVEL="WARNING")

@@ -78,7 +78,7 @@ async def test_one_embedding_request_per_reply_for_memories_documents_and_histor
             assert outcome.recall.query_vector is not None
         assert outcome.receipt.items("history")  # the last question found older chat with that one embedding
     finally:
-        await world.pipeline.close()
+        await world.pipeline.model.close()
         await embedder.inner.close()  # type: ignore[attr-defined]
 
 
@@ -86,7 +86,7 @@ async def test_one_embedding_request_per_reply_for_memories_documents_and_histor
 async def world(make_core: MakeCore, clock: ManualClock, chat: FakeChatServer) -> AsyncIterator[World]:
     built = await build_world(make_core, clock, chat.base_url, context_messages=6)
     yield built
-    await built.pipeline.close()
+    await built.pipeline.model.close()
 
 
 async def test_receipts_match_what_was_sent(world: World, chat: FakeChatServer) -> None:
@@ -156,9 +156,9 @@ async def test_receipts_say_when_the_search_failed_or_the_budget_was_full(
         # the words still found the chat, and the budget (HISTORY_TOKEN_BUDGET 20 here) holds for it too
         assert not by_text.receipt.search_ok and by_text.receipt.sources["history"]["by_text"] is True
         assert by_text.receipt.sources["history"]["note"] == "the history budget was full (HISTORY_TOKEN_BUDGET 20)"
-        await failing.pipeline.close()
+        await failing.pipeline.model.close()
     finally:
-        await world.pipeline.close()
+        await world.pipeline.model.close()
 
 
 async def _core(core: MemoryCore, embedder: FlakyEmbedder, **overrides: object) -> MemoryCore:

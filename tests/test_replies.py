@@ -27,9 +27,9 @@ MOCHI = {"text": "Juno's cat is called Mochi", "list": "personal"}
 async def pipeline(make_core: MakeCore, chat: FakeChatServer) -> AsyncIterator[ReplyPipeline]:
     core = await make_core(chat_base_url=chat.base_url, chat_model="fake-model", chat_timeout_s=10.0)
     built = build_services(core, bot_user_id=BOT).pipeline
-    await built.start()
+    await built.servers.sync_default_persona()
     yield built
-    await built.close()
+    await built.model.close()
 
 
 async def turn(pipeline: ReplyPipeline, clock: ManualClock, author: int, text: str, **changes: object) -> ReplyOutcome:

@@ -59,7 +59,7 @@ async def test_embedder_garbage_mid_reply_changes_no_counter_and_forgets_nothing
     )
     core = memory_core(pool, create_embedder(settings), settings, clock)  # type: ignore[arg-type]
     pipeline = build_services(core, bot_user_id=9000).pipeline
-    await pipeline.start()
+    await pipeline.servers.sync_default_persona()
     try:
         await core.servers.update_guild_settings(GUILD, Actor(1, can_manage=True), notice_verbosity="verbose")
         for text in ("The server was founded in 2019", "Movie night is on Fridays", "The mascot is a heron"):
@@ -101,16 +101,16 @@ async def test_embedder_garbage_mid_reply_changes_no_counter_and_forgets_nothing
         assert outcome.receipt.search_ok
         assert {m.days_unused for m in await core.all_memories() if m.list == MemoryList.SERVER} == {2}
     finally:
-        await pipeline.close()
+        await pipeline.model.close()
 
 
 @pytest.fixture
 async def pipeline(make_core: object, chat: FakeChatServer, builtin_embedder: BuiltinEmbedder) -> AsyncIterator[ReplyPipeline]:
     core = await make_core(chat_base_url=chat.base_url, chat_model="fake-model", chat_timeout_s=10.0)  # type: ignore[operator]
     built = build_services(core, bot_user_id=9000).pipeline
-    await built.start()
+    await built.servers.sync_default_persona()
     yield built
-    await built.close()
+    await built.model.close()
 
 
 async def test_a_model_that_never_stops_calling_tools_is_cut_off_with_an_answer(
@@ -209,7 +209,7 @@ async def test_connections_dropped_while_the_model_thinks_are_replaced_transpare
     async with KillingChatServer(db_url) as chat:
         core: MemoryCore = await make_core(chat_base_url=chat.base_url, chat_model="fake-model", chat_timeout_s=10.0)
         pipeline = build_services(core, bot_user_id=9000).pipeline
-        await pipeline.start()
+        await pipeline.servers.sync_default_persona()
         try:
             assert (await core.save(NewMemory(MemoryList.SERVER, "The mascot is a heron", by=JUNO, guild_id=GUILD))).saved
             pids = {row["pid"] for row in await core.pool.fetch(BACKENDS)}
@@ -223,4 +223,4 @@ async def test_connections_dropped_while_the_model_thinks_are_replaced_transpare
             async with core.pool.acquire() as conn:
                 assert {k: v for k, v in (await store.integrity_problems(conn, 100, 100)).items() if v} == {}
         finally:
-            await pipeline.close()
+            await pipeline.model.close()

@@ -242,7 +242,7 @@ async def test_the_chat_call_sends_the_request_as_built_with_the_api_key(
 ) -> None:
     core = await make_core(chat_base_url=header_chat.base_url, chat_model="fake-model", chat_api_key="sk-test-key-123")
     pipeline = build_services(core, bot_user_id=BOT).pipeline
-    await pipeline.start()
+    await pipeline.servers.sync_default_persona()
     try:
         header_chat.tool_calls(("save_memory", {"text": "Juno plays the cello", "list": "personal"})).text("Noted.")
         outcome = await pipeline.reply(message(JUNO, "I play the cello now", clock=clock))
@@ -256,7 +256,7 @@ async def test_the_chat_call_sends_the_request_as_built_with_the_api_key(
         failed = await pipeline.reply(message(JUNO, "still there?", clock=clock))
         assert failed.status == ReplyStatus.MODEL_ERROR and (failed.error or "").startswith("AuthenticationError")
     finally:
-        await pipeline.close()
+        await pipeline.model.close()
 
 
 async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
@@ -266,7 +266,7 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
     core = await make_core(pool_=counting, chat_base_url=chat.base_url, chat_model="fake-model", context_messages=3)
     pipeline = build_services(core, bot_user_id=BOT).pipeline
     pipeline.sources = []  # the tail sources' own searches are measured elsewhere
-    await pipeline.start()
+    await pipeline.servers.sync_default_persona()
     await pipeline.servers.add_lore(GUILD, Actor(JUNO, can_manage=True), "The mascot is a heron.")
     assert (await core.save(NewMemory(MemoryList.PERSONAL, "Rin plays drums", by=RIN, guild_id=GUILD, owner_id=RIN))).saved
     for author, text in ((SAM, "one"), (SAM, "two"), (RIN, "three")):  # Rin takes part: her memories count
@@ -307,7 +307,7 @@ async def test_a_reply_runs_four_statements_of_its_own_and_reads_settings_fresh(
         await servers_store.update_guild_settings(conn, GUILD, {"self_teaching": False})
     await pipeline.reply(message(JUNO, "and now?", clock=clock))
     assert "tools" not in chat.requests[-1]
-    await pipeline.close()
+    await pipeline.model.close()
 
 
 async def test_receipts_are_trimmed_to_the_same_number_as_before(pool: asyncpg.Pool, clock: ManualClock) -> None:

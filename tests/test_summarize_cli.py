@@ -33,7 +33,7 @@ async def test_python_m_bot_summarize_backfill(db_url: str, tmp_path: Path, make
     for channel, ago in ((CHANNEL, 3), (CHANNEL, 2), (OTHER_CHANNEL, 2)):
         for author, text in ((JUNO, f"plans {ago} days ago"), (SAM, f"I promise to help {ago} days ago")):
             await world.pipeline.chat_log.record(world.message(author, text, channel=channel, at=now - timedelta(days=ago)))
-    await world.pipeline.close()
+    await world.pipeline.model.close()
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CHAT_", "DISCORD_", "EMBEDDING_", "MEMORY_", "SUMMARY_"))}
     env.update(PYTHONPATH=str(ROOT), DATABASE_URL=db_url, DATA_DIR=str(tmp_path), LOG_LEVEL="ERROR")

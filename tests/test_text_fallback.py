@@ -44,7 +44,7 @@ The server address is play.example.org, version 1.21. Backups run every night at
 async def world(make_core: MakeCore, clock: ManualClock, chat: FakeChatServer) -> AsyncIterator[World]:
     built = await build_world(make_core, clock, chat.base_url, context_messages=6)
     yield built
-    await built.pipeline.close()
+    await built.pipeline.model.close()
 
 
 async def embedder_down(world: World, chat: FakeChatServer, **overrides: object) -> World:
@@ -125,7 +125,7 @@ async def test_a_dormant_memory_the_message_names_is_in_the_prompt_and_no_counte
         assert await counters(world.core) == before
         assert (await failing.pipeline.reply(failing.message(JUNO, "lol ok"))).recall.by_text == []  # no word to go by
     finally:
-        await failing.pipeline.close()
+        await failing.pipeline.model.close()
 
     # the embedder is back: the memory the fallback showed is still in the drawer, and a real search brings it back
     back = await world.pipeline.reply(world.message(JUNO, "how is our cat mascot Biscuit doing?"))
@@ -167,7 +167,7 @@ async def test_the_fallback_sees_exactly_what_the_search_may_see(
         assert all(m.text in sent for m in shown) and not any(m.text in sent for m in hidden)
         assert await counters(core) == before
     finally:
-        await failing.pipeline.close()
+        await failing.pipeline.model.close()
 
     # the same rules as the search itself: with decay off every memory the search may see is on the desk
     everything = await make_core(memory_decay_enabled=False)
@@ -181,7 +181,7 @@ async def test_the_fallback_sees_exactly_what_the_search_may_see(
         in_dm = await dm.pipeline.reply(dm.message(JUNO, question, guild=None))
         assert [s.memory.text for s in in_dm.recall.by_text] == ["Juno glazes her pottery in blue"]
     finally:
-        await dm.pipeline.close()
+        await dm.pipeline.model.close()
 
 
 async def test_as_many_as_a_search_recalls_within_the_memory_budget(world: World, chat: FakeChatServer) -> None:
@@ -210,7 +210,7 @@ async def test_as_many_as_a_search_recalls_within_the_memory_budget(world: World
         assert {item["id"] for item in outcome.receipt.recalled} == {item.memory_id for item in shown}
     finally:
         for built in (two, only_used, tight):
-            await built.pipeline.close()
+            await built.pipeline.model.close()
 
 
 async def test_older_chat_and_document_passages_are_found_by_text(world: World, chat: FakeChatServer) -> None:
@@ -251,7 +251,7 @@ async def test_older_chat_and_document_passages_are_found_by_text(world: World, 
         off = await failing.pipeline.reply(failing.message(JUNO, "were there marmots on the hike?"))
         assert off.receipt.items("history") == [] and "off in this channel" in off.receipt.sources["history"]["note"]
     finally:
-        await failing.pipeline.close()
+        await failing.pipeline.model.close()
 
 
 async def test_the_budgets_hold_for_what_is_found_by_text(world: World, chat: FakeChatServer) -> None:
@@ -264,7 +264,7 @@ async def test_the_budgets_hold_for_what_is_found_by_text(world: World, chat: Fa
         assert len(history) == 1 and history[0]["cut"] and history[0]["tokens"] <= 80
         assert outcome.receipt.tail_tokens["chat_history"] <= 80
     finally:
-        await failing.pipeline.close()
+        await failing.pipeline.model.close()
 
 
 async def test_a_failing_fallback_never_costs_the_reply(world: World, chat: FakeChatServer) -> None:
@@ -284,7 +284,7 @@ async def test_a_failing_fallback_never_costs_the_reply(world: World, chat: Fake
     finally:
         await pool.execute("ALTER TABLE history_chunks RENAME COLUMN terms_elsewhere TO terms")
         await pool.execute("ALTER TABLE document_passages RENAME COLUMN terms_elsewhere TO terms")
-        await failing.pipeline.close()
+        await failing.pipeline.model.close()
 
 
 async def test_chunks_and_passages_carry_their_words(world: World) -> None:
@@ -310,4 +310,4 @@ async def test_without_an_embedder_documents_are_found_by_their_words(
         assert [item["section"] for item in outcome.receipt.items("documents")] == ["Minecraft"]
         assert "play.example.org" in final_message(chat)
     finally:
-        await world.pipeline.close()
+        await world.pipeline.model.close()

@@ -93,9 +93,9 @@ def text_call(name: str, arguments: dict[str, Any]) -> str:
 async def pipeline(make_core: MakeCore, chat: FakeChatServer) -> AsyncIterator[ReplyPipeline]:
     core = await make_core(chat_base_url=chat.base_url, chat_model="fake-model", chat_timeout_s=20.0)
     built = build_services(core, bot_user_id=BOT).pipeline
-    await built.start()
+    await built.servers.sync_default_persona()
     yield built
-    await built.close()
+    await built.model.close()
 
 
 def juno(text: str, clock: ManualClock, **changes: Any) -> IncomingMessage:
@@ -185,7 +185,7 @@ async def test_replayed_small_model_conversation_saves_mochi_and_posts_no_call_j
     async with ReplayServer(SMALL_MODEL, follow_up) as replay:
         core = await make_core(chat_base_url=replay.url, chat_model="qwen-coder-0.5b", chat_timeout_s=20.0)
         pipeline = build_services(core, bot_user_id=BOT).pipeline
-        await pipeline.start()
+        await pipeline.servers.sync_default_persona()
         outcomes: list[ReplyOutcome] = []
         try:
             for number, text in enumerate(TURNS):
@@ -210,7 +210,7 @@ async def test_replayed_small_model_conversation_saves_mochi_and_posts_no_call_j
                 )
                 await pipeline.chat_log.record(said)
         finally:
-            await pipeline.close()
+            await pipeline.model.close()
 
     assert replay.mismatches == []
     # every turn: the first request answered from the recording, then one follow-up after the tools ran, and (when

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 import openai
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionMessage
 
 from bot.chat.text_calls import parse_text_calls, strip_tool_json
 from bot.chat.tools import MemoryTools, ToolContext
@@ -93,6 +93,8 @@ class _Rounds:
     quoted: int = 0  # calls not run: their text already stood in the conversation (a quotation, not a call)
     messages: list[dict[str, Any]] = field(default_factory=list)  # the last request's messages
     raw: str = ""  # the last answer's content as the model wrote it
+    tokens: int = 0  # the request's prompt tokens so far
+    history_left: int = 0  # history messages still in the request (the oldest go first when it grows too large)
 
 
 @dataclass
@@ -106,6 +108,34 @@ class Answer:
     quoted: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)
     raw: str = ""  # the last answer's content before calls and tool JSON were taken out (for reports)
+
+
+def _calls(reply: ChatCompletionMessage, offered: set[str], counted: ToolContext | None) -> tuple[list[Call], str]:
+    """The answer's calls, native or written in its text (small models do: see bot.chat.text_calls), and its text
+    without them; calls read from the text are counted in `counted` (the receipt says how many)."""
+    content = reply.content or ""
+    calls = [
+        Call(call.id or f"call_{index}", call.function.name, _as_text(call.function.arguments))
+        for index, call in enumerate(reply.tool_calls or [])
+        if getattr(call, "function", None) is not None
+    ]
+    if not calls and offered:
+        parsed = parse_text_calls(content, offered, max_calls=MAX_CALLS_PER_ANSWER)
+        calls = [Call(f"text_call_{index}", call.name, call.raw_arguments) for index, call in enumerate(parsed.calls)]
+        content = parsed.text
+        if counted is not None:
+            counted.from_text += len(calls)
+    return calls, content
+
+
+def _unquoted(calls: list[Call], quotations: set[tuple[str, str]], context: ToolContext, state: _Rounds) -> list[Call]:
+    """The calls that are not quotations of the conversation; those are counted, not run."""
+    kept = [call for call in calls if call_key(call.name, call.arguments) not in quotations]
+    if len(kept) < len(calls):
+        log.info("Message %s: %d tool call(s) quoted from the conversation, not run",
+                 context.message.message_id, len(calls) - len(kept))
+        state.quoted += len(calls) - len(kept)
+    return kept
 
 
 T = TypeVar("T")
@@ -319,7 +349,7 @@ class ChatModel:
 
     async def converse(self, prompt: Prompt, tools: list[dict[str, Any]], context: ToolContext) -> Answer:
         """Chat-model rounds: the reply's text, rounds used, and an error or None. CHAT_TIMEOUT_S covers them all."""
-        state = _Rounds(messages=list(prompt.messages))
+        state = _Rounds(messages=list(prompt.messages), tokens=prompt.tokens.total, history_left=len(prompt.history_ids))
         first: dict[str, Any] = {**self._completion_kwargs(), "messages": list(prompt.messages)}
         self._warm_request = {**first, "tools": tools} if tools and self.settings.max_tool_rounds else first  # as sent
         try:
@@ -353,20 +383,13 @@ class ChatModel:
     async def _converse(
         self, prompt: Prompt, tools: list[dict[str, Any]], context: ToolContext, state: _Rounds
     ) -> tuple[str, str | None]:
-        messages = state.messages
-        history_left = len(prompt.history_ids)
-        total = prompt.tokens.total
         offered = {tool["function"]["name"] for tool in tools}
         quotations: set[tuple[str, str]] | None = None
         while True:
-            # tool rounds grow the request: make room by dropping the oldest history, as the prompt builder does
-            while total + self.settings.chat_max_output_tokens > self.settings.chat_context_tokens and history_left:
-                total -= message_tokens(messages.pop(1))
-                history_left -= 1
-            if total + self.settings.chat_max_output_tokens > self.settings.chat_context_tokens:
+            if not self._make_room(state):
                 log.error("Tool results for message %s no longer fit CHAT_CONTEXT_TOKENS", context.message.message_id)
                 return "", "the tool results no longer fit in CHAT_CONTEXT_TOKENS"
-            request: dict[str, Any] = {**self._completion_kwargs(), "messages": messages}
+            request: dict[str, Any] = {**self._completion_kwargs(), "messages": state.messages}
             may_call = bool(tools) and state.rounds < self.settings.max_tool_rounds
             if may_call:  # the answer after the tools is asked for without them: no tool in sight, no call written
                 request["tools"] = tools
@@ -382,46 +405,44 @@ class ChatModel:
                     exc,
                 )
                 return "", redact(f"{type(exc).__name__}: {exc}")  # stored in the receipt: no API key in it
-            content = state.raw = reply.content or ""
-            calls = [
-                Call(call.id or f"call_{index}", call.function.name, _as_text(call.function.arguments))
-                for index, call in enumerate(reply.tool_calls or [])
-                if getattr(call, "function", None) is not None
-            ]
-            if not calls and offered:  # small models write their calls in the text (see bot.chat.text_calls)
-                parsed = parse_text_calls(content, offered, max_calls=MAX_CALLS_PER_ANSWER)
-                calls = [Call(f"text_call_{index}", call.name, call.raw_arguments) for index, call in enumerate(parsed.calls)]
-                content = parsed.text
-                if may_call:
-                    context.from_text += len(calls)
+            state.raw = reply.content or ""
+            calls, content = _calls(reply, offered, counted=context if may_call else None)
             if calls and may_call:
                 if quotations is None:  # read once per reply, and only when there is a call to compare
                     quotations = quoted_calls([str(m.get("content") or "") for m in prompt.messages], offered)
-                kept = [call for call in calls if call_key(call.name, call.arguments) not in quotations]
-                if len(kept) < len(calls):
-                    log.info("Message %s: %d tool call(s) quoted from the conversation, not run",
-                             context.message.message_id, len(calls) - len(kept))
-                    state.quoted += len(calls) - len(kept)
-                calls = kept
+                calls = _unquoted(calls, quotations, context, state)
             if not calls or not may_call:
                 return strip_tool_json(content).strip(), None
-            state.rounds += 1
-            added = len(messages)
-            calls = calls[:MAX_CALLS_PER_ANSWER]
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": content or None,
-                    "tool_calls": [
-                        {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": _echoed(call.arguments)}}
-                        for call in calls
-                    ],
-                }
-            )
-            for call in calls:
-                result = await self.tools.run(call.name, call.arguments, context)
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result, ensure_ascii=False)})
-            total += sum(message_tokens(message) for message in messages[added:])
+            await self._run_calls(calls[:MAX_CALLS_PER_ANSWER], content, context, state)
+
+    def _make_room(self, state: _Rounds) -> bool:
+        """Tool rounds grow the request: make room by dropping the oldest history, as the prompt builder does.
+        False when the request no longer fits even without it."""
+        limit = self.settings.chat_context_tokens - self.settings.chat_max_output_tokens
+        while state.tokens > limit and state.history_left:
+            state.tokens -= message_tokens(state.messages.pop(1))
+            state.history_left -= 1
+        return state.tokens <= limit
+
+    async def _run_calls(self, calls: list[Call], content: str, context: ToolContext, state: _Rounds) -> None:
+        """One tool round: the model's calls and each one's result added to the request, and counted."""
+        state.rounds += 1
+        messages = state.messages
+        added = len(messages)
+        messages.append(
+            {
+                "role": "assistant",
+                "content": content or None,
+                "tool_calls": [
+                    {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": _echoed(call.arguments)}}
+                    for call in calls
+                ],
+            }
+        )
+        for call in calls:
+            result = await self.tools.run(call.name, call.arguments, context)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result, ensure_ascii=False)})
+        state.tokens += sum(message_tokens(message) for message in messages[added:])
 
     async def chat_completion(self, request: dict[str, Any]) -> ChatCompletion:
         """POST one chat request through the client, without the SDK's request transform.

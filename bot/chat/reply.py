@@ -17,7 +17,7 @@ import logging
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bot.chat.log import ChatLog
@@ -43,6 +43,7 @@ from bot.prompt import (
     build_prompt,
     recalled_item,
 )
+from bot.servers.models import GuildSettings, PromptSettings
 from bot.servers.service import Servers
 from bot.tokens import count_tokens
 
@@ -70,6 +71,38 @@ class ReplyOutcome:
         return "\n".join(self.chunks)
 
 
+@dataclass
+class _Read:
+    """What a reply reads before its prompt: the window, who takes part, the search and the server's settings."""
+
+    window: list[ChatLine]
+    participants: list[int]
+    conversation: Conversation
+    recall: Recall
+    settings: PromptSettings
+    names: dict[int, str]  # the participants' names, and maybe a few more (harmless: looked up by id)
+    previous_head: str | None
+    summaries: list[HeadSummary]
+
+    @property
+    def guild(self) -> GuildSettings | None:
+        return self.settings.guild
+
+
+@dataclass
+class _Answered:
+    """What became of the model's turn: the status and text to post, and what the receipt tells about it."""
+
+    status: ReplyStatus
+    chunks: list[str]
+    rounds: int = 0
+    error: str | None = None
+    calls_from_text: int = 0
+    quoted_calls: int = 0
+    problems: list[str] = field(default_factory=list)
+    asked_again: bool = False
+
+
 class ReplyPipeline:
     """One per process. Safe to share between channels: replies in one channel run one at a time."""
 
@@ -94,13 +127,6 @@ class ReplyPipeline:
         self.bot_user_id = bot_user_id  # the adapter sets it once it knows who it is logged in as
         self._locks: weakref.WeakValueDictionary[int, asyncio.Lock] = weakref.WeakValueDictionary()
 
-    async def start(self) -> None:
-        """Make the default persona follow DEFAULT_PERSONA_NAME / DEFAULT_PERSONA_PROMPT."""
-        await self.servers.sync_default_persona()
-
-    async def close(self) -> None:
-        await self.model.close()
-
     def lock_for(self, channel_id: int) -> asyncio.Lock:
         lock = self._locks.get(channel_id)
         if lock is None:
@@ -115,7 +141,60 @@ class ReplyPipeline:
 
     async def _reply(self, message: IncomingMessage) -> ReplyOutcome:
         started = time.monotonic()
-        settings = self.settings
+        read = await self._read(message)
+        tools = self.tools.offered(read.guild, private_thread=message.private_thread)
+        prompt, error, tail_reports = await self._prompt(message, read, tools)
+        changes: list[MemoryChange] = []
+        if prompt is None:
+            answered = _Answered(ReplyStatus.PROMPT_TOO_LARGE, [TOO_LARGE], error=error)
+        elif not self.model.configured:
+            answered = _Answered(ReplyStatus.NO_MODEL, [])
+        else:
+            answered = await self._answer(message, read, prompt, tools, changes)
+        for change in changes:  # hidden notices are still traceable in the log (without the text: it may be personal)
+            log.info(
+                "Memory %s by the model in channel %s: #%s (%s) %s",
+                change.kind.value,
+                message.channel_id,
+                change.memory_id,
+                change.memory_list.value if change.memory_list else "?",
+                change.reason,
+            )
+        receipt = build_receipt(
+            message, read.recall, prompt, read.previous_head, answered.status, answered.rounds, changes, answered.error,
+            tail_reports, decay_active=self.core.decay_active, min_similarity=self.settings.min_similarity,
+            model=self.settings.chat_model or None,
+        )
+        receipt.elapsed_ms = int((time.monotonic() - started) * 1000)
+        receipt.tool_calls_from_text = answered.calls_from_text
+        receipt.quoted_calls = answered.quoted_calls
+        receipt.reply_problems = answered.problems
+        receipt.asked_again = answered.asked_again
+        chunks = answered.chunks
+        if answered.status == ReplyStatus.NO_MODEL:
+            chunks = split_message(neutralize_mentions(dry_run_text(read.recall, receipt, read.names)))
+        if prompt is not None:
+            await self.chat_log.save_receipt(
+                guild_id=message.guild_id,
+                channel_id=message.channel_id,
+                message_id=message.message_id,
+                head_hash=prompt.head_hash,
+                receipt=receipt.as_dict(),
+                at=self.core.clock.now(),
+            )
+        return ReplyOutcome(
+            status=answered.status,
+            chunks=chunks,
+            notices=build_notices(changes, read.guild, read.names),
+            changes=changes,
+            receipt=receipt,
+            prompt=prompt,
+            recall=read.recall,
+            error=answered.error,
+        )
+
+    async def _read(self, message: IncomingMessage) -> _Read:
+        """Record the message, read the window and the server's settings, and run the memory search."""
         persona_id = await self.servers.persona_id(message.guild_id)  # cached: the search uses the same
         # Before the search, two reads at once, each by the owner of its tables: the chat log records the
         # message and the names it brings (the author's, then the mentioned users', the last one winning as
@@ -123,20 +202,11 @@ class ReplyPipeline:
         # the server's settings. Nothing read here is cached between replies.
         given_names = {message.author_id: message.author_name} | {user.id: user.name for user in message.mentions}
         log_part, settings_part, summaries = await asyncio.gather(
-            self.chat_log.record_and_read_window(message, names=given_names, context_messages=settings.context_messages),
+            self.chat_log.record_and_read_window(message, names=given_names, context_messages=self.settings.context_messages),
             self.servers.prompt_settings(persona_id, message.guild_id),
             self._summaries(message),
         )
-        context = log_part
-        window = [line for line in (self._chat_line(row) for row in context["window"]) if line.text]
-        answered = ChatLine(
-            message_id=message.message_id,
-            author_id=message.author_id,
-            author_name=message.author_name,
-            text=message.text,
-            is_bot=message.is_bot,
-            reply_to=message.reply_to,
-        )
+        window = [line for line in (self._chat_line(row) for row in log_part["window"]) if line.text]
         participants = self._participants(message, window)
         conversation = Conversation(
             guild_id=message.guild_id,
@@ -148,44 +218,48 @@ class ReplyPipeline:
             private_thread=message.private_thread,
         )
         recall = await self.core.reply_search(conversation)
-
+        if recall.persona_id != persona_id:  # cannot happen while persona ids are cached; stay correct anyway
+            again = await self.servers.prompt_settings(recall.persona_id, message.guild_id)
+            settings_part = dataclasses.replace(settings_part, persona=again.persona, lore=again.lore)
+        names: dict[int, str] = log_part["names"]  # the participants' names, and maybe a few more (harmless: looked up by id)
         owners = {m.owner_id for m in recall.desk if m.owner_id} | {
             s.memory.owner_id for s in (*recall.recalled, *recall.held_back, *recall.by_text) if s.memory.owner_id
         }
-        persona_row, lore, guild = settings_part.persona, settings_part.lore, settings_part.guild
-        previous_head: str | None = context["previous_head"]
-        names: dict[int, str] = context["names"]  # the participants' names, and maybe a few more (harmless: looked up by id)
-        if recall.persona_id != persona_id:  # cannot happen while persona ids are cached; stay correct anyway
-            again = await self.servers.prompt_settings(recall.persona_id, message.guild_id)
-            persona_row, lore = again.persona, again.lore
-        missing = owners - context["names_for"]  # memories are about participants, so this is normally empty
+        missing = owners - log_part["names_for"]  # memories are about participants, so this is normally empty
         if missing:
             names = {**names, **await self.chat_log.names(missing)}
+        return _Read(
+            window, participants, conversation, recall, settings_part, names, log_part["previous_head"], summaries
+        )
 
-        tools = self.tools.offered(guild, private_thread=message.private_thread)
+    async def _prompt(
+        self, message: IncomingMessage, read: _Read, tools: list[dict[str, Any]]
+    ) -> tuple[Prompt | None, str | None, dict[str, dict[str, Any]]]:
+        """The prompt within the token budgets (None with the reason when the instructions alone do not fit), and
+        what each tail source told the receipt."""
+        recall = read.recall
         extra_tail, tail_reports = await self._extra_tail(message, recall)
         # DESK_REFRESH=daily keeps memories that joined the desk today in the tail, after this reply's recalls;
         # a failed search may still have found dormant memories by their words (read-only)
-        tail = [recalled_item(s, names) for s in (*recall.recalled, *recall.held_back, *recall.by_text)] + extra_tail
-        outcome_prompt: Prompt | None = None
-        error: str | None = None
+        tail = [recalled_item(s, read.names) for s in (*recall.recalled, *recall.held_back, *recall.by_text)] + extra_tail
+        persona, settings = read.settings.persona, self.settings
         try:
-            outcome_prompt = build_prompt(
+            prompt = build_prompt(
                 PromptInput(
-                    persona=Persona(persona_row.name, persona_row.prompt, dict(persona_row.attributes)),
-                    lore=list(lore),
+                    persona=Persona(persona.name, persona.prompt, dict(persona.attributes)),
+                    lore=list(read.settings.lore),
                     desk=recall.desk,
-                    user_names=names,
-                    history=window,
+                    user_names=read.names,
+                    history=read.window,
                     tail=tail,
-                    answered=answered,
+                    answered=_answered_line(message),
                     now=self.core.clock.now(),
                     where=message.where,
                     context_tokens=settings.chat_context_tokens,
                     output_tokens=settings.chat_max_output_tokens,
                     memory_budget=settings.memory_token_budget,
                     tools_tokens=count_tokens(json.dumps(tools)) if tools else 0,
-                    summaries=summaries,
+                    summaries=read.summaries,
                     summary_budget=settings.summary_token_budget,
                     used=recall.used,
                     desk_ranks=recall.desk_ranks,
@@ -195,94 +269,58 @@ class ReplyPipeline:
             )
         except PromptTooLarge as exc:
             log.error("Cannot answer message %s in channel %s: %s", message.message_id, message.channel_id, exc)
-            error = str(exc)
+            return None, str(exc), tail_reports
+        return prompt, None, tail_reports
 
-        changes: list[MemoryChange] = []
-        rounds = calls_from_text = quoted_calls = 0
-        problems: list[str] = []
-        asked_again = False
-        if outcome_prompt is None:
-            status, chunks = ReplyStatus.PROMPT_TOO_LARGE, [TOO_LARGE]
-        elif not self.model.configured:
-            status, chunks = ReplyStatus.NO_MODEL, []
-        else:
-            context = ToolContext(
-                message=message,
-                participants=set(participants),
-                conversation=conversation,
-                shown_ids=set(outcome_prompt.shown_memory_ids),
-                search_ok=recall.search_ok,
-                offered={tool["function"]["name"] for tool in tools},
-                lists=set(tools[0]["function"]["parameters"]["properties"]["list"]["enum"]) if tools else set(),
-                changes=changes,
-                names={user: names[user] for user in participants if user in names},
-            )
-            answer = await self.model.converse(outcome_prompt, tools, context)
-            text, rounds, error = answer.text, answer.rounds, answer.error
-            calls_from_text, quoted_calls = context.from_text, answer.quoted
-            acted = bool(changes or context.said or answer.quoted)
-            if error is not None:
-                status, chunks = ReplyStatus.MODEL_ERROR, [APOLOGY]
-            else:
-                asked = {line.message_id: line.text for line in window}
-                facts = ReplyFacts(
-                    answered=message.text,
-                    speakers={**{user: names.get(user, "") for user in participants}, message.author_id: message.author_name},
-                    persona_name=persona_row.name,
-                    earlier_replies=[line.text for line in window if line.from_self],
-                    earlier_asked=[asked.get(line.reply_to or 0, "") for line in window if line.from_self],
-                    done=_done(changes, context.remembered),
-                )
-                posted, problems, asked_again = await self._checked(text, facts, answer.messages, message)
-                status = ReplyStatus.REPLIED
-                done_something = any(change.kind != ChangeKind.REJECTED for change in changes) or context.remembered
-                if not posted and done_something:  # only calls, even when asked for the answer twice: what they did
-                    posted = neutralize_mentions(what_was_done(changes, context.said))
-                elif not posted and not text.strip() and not acted:  # no text at all, twice: never silence
-                    log.warning("Chat model %s answered message %s with no text", settings.chat_model, message.message_id)
-                    error, posted, status = "the chat model answered with no text", EMPTY_ANSWER, ReplyStatus.MODEL_ERROR
-                elif not posted:
-                    posted = honest_sentence(message.text)
-                chunks = split_message(neutralize_broadcasts(posted))
-
-        for change in changes:  # hidden notices are still traceable in the log (without the text: it may be personal)
-            log.info(
-                "Memory %s by the model in channel %s: #%s (%s) %s",
-                change.kind.value,
-                message.channel_id,
-                change.memory_id,
-                change.memory_list.value if change.memory_list else "?",
-                change.reason,
-            )
-        receipt = build_receipt(
-            message, recall, outcome_prompt, previous_head, status, rounds, changes, error, tail_reports,
-            decay_active=self.core.decay_active, min_similarity=settings.min_similarity, model=settings.chat_model or None,
-        )
-        receipt.elapsed_ms = int((time.monotonic() - started) * 1000)
-        receipt.tool_calls_from_text = calls_from_text
-        receipt.quoted_calls = quoted_calls
-        receipt.reply_problems = problems
-        receipt.asked_again = asked_again
-        if status == ReplyStatus.NO_MODEL:
-            chunks = split_message(neutralize_mentions(dry_run_text(recall, receipt, names)))
-        if outcome_prompt is not None:
-            await self.chat_log.save_receipt(
-                guild_id=message.guild_id,
-                channel_id=message.channel_id,
-                message_id=message.message_id,
-                head_hash=outcome_prompt.head_hash,
-                receipt=receipt.as_dict(),
-                at=self.core.clock.now(),
-            )
-        return ReplyOutcome(
-            status=status,
-            chunks=chunks,
-            notices=build_notices(changes, guild, names),
+    async def _answer(
+        self, message: IncomingMessage, read: _Read, prompt: Prompt, tools: list[dict[str, Any]], changes: list[MemoryChange]
+    ) -> _Answered:
+        """The model's answer with its tool calls (each change added to `changes`), checked before it is posted."""
+        context = ToolContext(
+            message=message,
+            participants=set(read.participants),
+            conversation=read.conversation,
+            shown_ids=set(prompt.shown_memory_ids),
+            search_ok=read.recall.search_ok,
+            offered={tool["function"]["name"] for tool in tools},
+            lists=_offered_lists(tools),
             changes=changes,
-            receipt=receipt,
-            prompt=outcome_prompt,
-            recall=recall,
-            error=error,
+            names={user: read.names[user] for user in read.participants if user in read.names},
+        )
+        answer = await self.model.converse(prompt, tools, context)
+        answered = _Answered(ReplyStatus.MODEL_ERROR, [APOLOGY], answer.rounds, answer.error, context.from_text, answer.quoted)
+        if answer.error is not None:
+            return answered
+        text = answer.text
+        acted = bool(changes or context.said or answer.quoted)
+        posted, answered.problems, answered.asked_again = await self._checked(
+            text, self._facts(message, read, context), answer.messages, message
+        )
+        answered.status = ReplyStatus.REPLIED
+        done_something = any(change.kind != ChangeKind.REJECTED for change in changes) or context.remembered
+        if not posted and done_something:  # only calls, even when asked for the answer twice: what they did
+            posted = neutralize_mentions(what_was_done(changes, context.said))
+        elif not posted and not text.strip() and not acted:  # no text at all, twice: never silence
+            log.warning("Chat model %s answered message %s with no text", self.settings.chat_model, message.message_id)
+            answered.status, answered.error = ReplyStatus.MODEL_ERROR, "the chat model answered with no text"
+            posted = EMPTY_ANSWER
+        elif not posted:
+            posted = honest_sentence(message.text)
+        answered.chunks = split_message(neutralize_broadcasts(posted))
+        return answered
+
+    @staticmethod
+    def _facts(message: IncomingMessage, read: _Read, context: ToolContext) -> ReplyFacts:
+        """What the check of the reply text compares it with: the message, who speaks, earlier replies, what was done."""
+        window, names = read.window, read.names
+        asked = {line.message_id: line.text for line in window}
+        return ReplyFacts(
+            answered=message.text,
+            speakers={**{user: names.get(user, "") for user in read.participants}, message.author_id: message.author_name},
+            persona_name=read.settings.persona.name,
+            earlier_replies=[line.text for line in window if line.from_self],
+            earlier_asked=[asked.get(line.reply_to or 0, "") for line in window if line.from_self],
+            done=_done(context.changes, context.remembered),
         )
 
     async def _checked(
@@ -368,3 +406,19 @@ def _done(changes: Sequence[MemoryChange], remembered: bool) -> set[str]:
     if ChangeKind.MADE_ROOM.value in done:
         done.add(ChangeKind.FORGOTTEN.value)
     return done | ({"remembered"} if remembered else set())
+
+
+def _answered_line(message: IncomingMessage) -> ChatLine:
+    return ChatLine(
+        message_id=message.message_id,
+        author_id=message.author_id,
+        author_name=message.author_name,
+        text=message.text,
+        is_bot=message.is_bot,
+        reply_to=message.reply_to,
+    )
+
+
+def _offered_lists(tools: list[dict[str, Any]]) -> set[str]:
+    """The lists the offered save tool may write to (its `list` argument's choices); none without tools."""
+    return set(tools[0]["function"]["parameters"]["properties"]["list"]["enum"]) if tools else set()
