@@ -234,3 +234,18 @@ def test_a_lead_in_that_only_says_an_answer_follows_goes(reply: str, left: str) 
     checked = check(reply, facts("Can you recommend a good sci-fi novel?"))
     assert checked.text == left and LEAD_IN in checked.problems
     assert checked.usable is bool(left)
+
+
+@pytest.mark.parametrize(
+    ("reply", "left"),
+    [
+        ('```json\n{\n    "id": 3,\n    "text": "The capital of France is Paris."\n}\n```', "The capital of France is Paris."),
+        ("<tool_response> </tool_response>", ""),
+        ('<tool_response>\n{"ok": true}\n</tool_response>\nDone!', "Done!"),
+    ],
+)
+def test_a_memory_line_in_a_json_block_and_tool_response_tags_are_not_posted(reply: str, left: str) -> None:
+    """Qwen2.5-Coder 0.5B answered in ```json memory lines, then copied that format; 1.5B posted the tool result's
+    tags of its chat template."""
+    checked = check(reply, facts("What's the capital of France?"))
+    assert checked.text == left and TOOL_WORDING in checked.problems

@@ -441,6 +441,8 @@ HOSTILE: list[Any] = [
     pytest.param(
         "save_memory", {"text": "Juno collects vinyl records", "list": ["server", "personal"]}, None, id="both-lists"
     ),
+    pytest.param("save_memory", {"text": "Juno plays the cello"}, None, id="no-list"),
+    pytest.param("save_memory", {"text": "Pixel is Juno's dog", "list": ["server"]}, None, id="server-naming-the-author"),
 ]
 
 

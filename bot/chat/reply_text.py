@@ -230,6 +230,8 @@ def _lone_text_object(text: str) -> str | None:
     return inner.strip() if isinstance(inner, str) else None
 
 
+_FENCED = re.compile(r"\A\s*`{3,}[\w+.#-]*[ \t]*\n?(.*?)\n?[ \t]*`{3,}\s*\Z", re.DOTALL)  # one whole block
+
 # The same, cut short by the output limit: an object opened with a data key and never closed.
 _OPEN_DATA = re.compile(r'\{\s*"(?:name|id|text|list|about|memory_id|arguments|ok|error)"\s*:[^}]*\Z')
 
@@ -237,7 +239,7 @@ _SENTENCE = re.compile(r"[^.!?\n]*(?:[.!?]+[\"'”’)\]]*|\n|$)")
 _TOOL_WORDING = re.compile(
     r"\b(?:save_memory|update_memory|forget_memory|memory_id|forgotten_to_make_room|similar_memories|"
     r"already_remembered_as|about_user|tool_calls?|tool_choice|tool results?)\b|forgotten to make room|"
-    r"already remembered as|\bsimilar memories\b|<\s*/?\s*tool_call|\"(?:ok|error|hint|note)\"\s*:|"
+    r"already remembered as|\bsimilar memories\b|<\s*/?\s*tool_(?:call|response|result)|\"(?:ok|error|hint|note)\"\s*:|"
     # what a tool result says, retold: "has been assigned the memory ... with an ID of 2", "memory #4", "the 7005 user"
     r"\bassigned (?:the |a |this )?memor(?:y|ies)\b|\bmemor(?:y|ies) (?:id|#)\s*\d|\b(?:with |con )(?:an? |the |el )?id\b"
     r"(?: of| is| de)?\s*#?\d|\b\d{3,} user\b",
@@ -373,9 +375,10 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
     cleaned = _strip_fences(cleaned, problems).strip()
     cleaned = _strip_labels(cleaned, facts, problems).strip()  # a label inside the fence
     cleaned = _strip_fences(_strip_lead_in(cleaned, problems), problems).strip()  # "Here's my reply:" and its fence
-    inner = _lone_text_object(cleaned)
+    fenced = _FENCED.match(cleaned)
+    inner = _lone_text_object(cleaned if fenced is None else fenced.group(1).strip())
     if inner is not None:  # the answer written as a memory line: {"id": 15, "text": "You're welcome, Juno!"}
-        problems.append(TOOL_WORDING)
+        problems += [TOOL_WORDING] if fenced is None else [FENCE, TOOL_WORDING]  # or one in a ```json block
         cleaned = inner
     without_data = _OPEN_DATA.sub("", _DATA_OBJECT.sub("", cleaned))
     if without_data != cleaned:

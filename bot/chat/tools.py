@@ -113,6 +113,12 @@ def _memory_id(arguments: dict[str, Any]) -> int:
 FIRST_PERSON = re.compile(r"\s*(?:my|i|i['’]m|i['’]ve|i['’]ll|i['’]d)\b", re.IGNORECASE)
 
 
+def _names(text: str, name: str) -> bool:
+    """Whether `text` names the person (their display name as a word: "Juno", "Juno's")."""
+    name = " ".join(name.split())
+    return len(name) >= 2 and re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.IGNORECASE) is not None
+
+
 def _about_user(value: object, context: ToolContext) -> int:
     """The participant a personal memory is about: an id, a <@id> mention or a display name of a participant."""
     found = as_user_ref(value)
@@ -246,12 +252,12 @@ class MemoryTools:
         text = _text_argument(arguments, self.settings.memory_max_chars)
         raw_list = arguments.get("list")
         list_name = as_list_name(raw_list)
-        if list_name is None and isinstance(raw_list, list) and "personal" in raw_list:
-            list_name = "personal"  # ["server", "personal"]: the narrower reach, never the whole server's by a guess
+        if (raw_list in (None, "") or (isinstance(raw_list, list) and "personal" in raw_list)) and list_name is None:
+            list_name = "personal"  # no list, or ["server", "personal"]: the narrower reach, never the server's by a guess
         if list_name == "server" and "personal" in context.lists and (
-            arguments.get("about_user") not in (None, "") or FIRST_PERSON.match(text)
-        ):  # a fact about one named person, or in the speaker's own words ("My cat is called Mochi"), is personal
-            list_name = "personal"
+            arguments.get("about_user") not in (None, "") or FIRST_PERSON.match(text) or _names(text, context.message.author_name)
+        ):  # a fact about one named person, in the speaker's own words ("My cat is called Mochi") or naming the person
+            list_name = "personal"  # answered ("Mochi is Juno's cat"), is personal
         if list_name not in context.lists:
             raise ToolCallError(f"list must be one of: {', '.join(sorted(context.lists))}")
         memory_list = MemoryList(list_name)
