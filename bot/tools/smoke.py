@@ -305,6 +305,7 @@ class _Run:
             done.add("remembered")
         for raw in self.raw:
             self.recorder.add(f"turn{self.number}", raw, text, speakers, earlier, done, self.persona)
+        self.recorder.write()  # turn by turn: a run stopped half-way keeps what it recorded
         receipt = outcome.receipt
         reading = read_reply(outcome.text, text, speakers, self.persona, earlier, done, receipt.reply_problems,
                              receipt.asked_again, earlier_asked) if outcome.status == ReplyStatus.REPLIED else None

@@ -152,3 +152,4 @@ class AnswerRecorder:
         with self.path.open("a", encoding="utf-8") as out:
             for record in self.records:
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.records.clear()
