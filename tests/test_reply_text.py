@@ -149,7 +149,7 @@ def test_a_repeat_behind_the_line_saying_nothing_was_saved_is_still_a_repeat() -
     """The claim goes and the bot's line comes in its place: what is left of the model's answer is compared."""
     earlier = ("Have a good one, Rin! Your birthday is coming soon.",)
     checked = check("I've saved a memory about your birthday. Have a good one, Rin! Your birthday is coming soon.",
-                    facts("Do you remember when my birthday is?", earlier=earlier))
+                    facts("Can you recommend a board game?", earlier=earlier))
     assert CLAIM in checked.problems and REPEAT in checked.problems and not checked.usable
 
 
@@ -249,3 +249,19 @@ def test_a_memory_line_in_a_json_block_and_tool_response_tags_are_not_posted(rep
     tags of its chat template."""
     checked = check(reply, facts("What's the capital of France?"))
     assert checked.text == left and TOOL_WORDING in checked.problems
+
+
+def test_a_fact_said_again_to_the_question_it_answers_is_no_repeat() -> None:
+    """Qwen2.5-Coder 1.5B confirmed a save with "Juno's cat is called Mochi." and gave the same sentence when asked
+    for the cat's name a day later: the right answer, not a loop (it was replaced by the honest sentence)."""
+    earlier = ("Juno's cat is called Mochi.", "Paris")
+    assert check("Juno's cat is called Mochi.", facts("Do you remember my cat's name?", earlier=earlier)).usable
+    looped = check("Juno's cat is called Mochi.", facts("Can you recommend a good sci-fi novel?", earlier=earlier))
+    assert REPEAT in looped.problems and not looped.usable
+
+
+@pytest.mark.parametrize("reply", ["Rin.", "¡Juno!", "**Bau**", "Deskmate"])
+def test_a_name_and_nothing_else_is_no_answer(reply: str) -> None:
+    """Qwen2.5-Coder 0.5B answered "Rin.", then "Bau.", then "Juno." (each copying the one before)."""
+    checked = check(reply, facts("Can you recommend a good sci-fi novel?"))
+    assert checked.text == "" and LABEL in checked.problems and not checked.usable

@@ -345,11 +345,32 @@ def is_echo(reply: str, source: str) -> bool:
     return len(theirs) >= 20 and theirs in mine and len(mine) <= len(theirs) + 30
 
 
-def is_repeat(reply: str, earlier: Sequence[str], earlier_asked: Sequence[str] = (), answered: str = "") -> bool:
+_COMMON_WORDS = frozenset((
+    "the", "and", "you", "your", "are", "what", "when", "where", "who", "how", "why", "does", "did", "can", "could",
+    "please", "again", "now", "about", "that", "this", "with", "for", "have", "has", "was", "were", "will", "would",
+    "there", "their", "they", "them", "from", "not", "but", "all", "any", "some", "que", "por", "para", "una", "los",
+    "las", "del", "con", "thanks", "thank", "hey", "hello", "hola",
+))
+
+
+def _content_words(text: str, names: Collection[str]) -> set[str]:
+    skip = _COMMON_WORDS | {word for name in names for word in normalized(name).split()}
+    return {word for word in normalized(text).split() if len(word) >= 3 and word not in skip and not word.isdigit()}
+
+
+def answers_the_message(reply: str, answered: str, names: Collection[str] = ()) -> bool:
+    """The reply takes up what the message asks about (a word of it besides names and common words): saying a fact
+    again to the question it answers ("Do you remember my cat's name?" - "Juno's cat is called Mochi.") is no loop."""
+    return bool(_content_words(reply, names) & _content_words(answered.replace("'s", ""), names))
+
+
+def is_repeat(
+    reply: str, earlier: Sequence[str], earlier_asked: Sequence[str] = (), answered: str = "", names: Collection[str] = ()
+) -> bool:
     """The reply says again what an earlier reply said, to another question (the same question asked again may get
-    the same answer)."""
+    the same answer, and so may a question about what that reply said)."""
     mine = normalized(reply)
-    if len(mine) < REPEAT_MIN_CHARS:
+    if len(mine) < REPEAT_MIN_CHARS or (answered and answers_the_message(reply, answered, names)):
         return False
     question = normalized(answered)
     for number, before in enumerate(earlier):
@@ -359,6 +380,11 @@ def is_repeat(reply: str, earlier: Sequence[str], earlier_asked: Sequence[str] =
         if not (asked and question and _similar(asked, question) >= ECHO_RATIO):
             return True
     return False
+
+
+def _only_a_name(text: str, facts: ReplyFacts) -> bool:
+    names = {normalized(name) for name in (*facts.speakers.values(), facts.persona_name) if name.strip()}
+    return bool(text.strip()) and normalized(text) in names
 
 
 def _has_words(text: str) -> bool:
@@ -385,12 +411,16 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
         problems.append(TOOL_WORDING)
         cleaned = without_data.strip()
     cleaned, _ = _drop_sentences(cleaned, facts, problems)
-    if not _has_words(cleaned):
+    if _only_a_name(cleaned, facts):  # "Rin." - a speaker's label with nothing after it
+        problems += [LABEL, EMPTY]
+        cleaned = ""
+    elif not _has_words(cleaned):
         problems.append(EMPTY)
         cleaned = ""
     elif any(is_echo(history_text(cleaned), source) for source in (facts.answered, *facts.also_not)):
         problems.append(ECHO)  # compared without the line saying nothing was saved: that line is the bot's, not an answer
-    elif is_repeat(history_text(cleaned), facts.earlier_replies, facts.earlier_asked, facts.answered):
+    elif is_repeat(history_text(cleaned), facts.earlier_replies, facts.earlier_asked, facts.answered,
+                   (*facts.speakers.values(), facts.persona_name)):
         problems.append(REPEAT)
     elif looks_spanish(facts.answered) and not looks_spanish(cleaned):
         problems.append(LANGUAGE)  # usable, but worth one more try in the right language
