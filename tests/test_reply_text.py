@@ -265,3 +265,11 @@ def test_a_name_and_nothing_else_is_no_answer(reply: str) -> None:
     """Qwen2.5-Coder 0.5B answered "Rin.", then "Bau.", then "Juno." (each copying the one before)."""
     checked = check(reply, facts("Can you recommend a good sci-fi novel?"))
     assert checked.text == "" and LABEL in checked.problems and not checked.usable
+
+
+def test_an_echo_of_an_earlier_message_is_no_answer_either() -> None:
+    """Qwen2.5-Coder 0.5B answered Juno's board-game question with Rin's earlier "¿Cuándo es la noche de juegos?"."""
+    checked = check("¿Cuándo es la noche de juegos?", ReplyFacts(
+        answered="¿Me recomiendas un juego de mesa para cuatro personas?", speakers=SPEAKERS, persona_name="Deskmate",
+        earlier_replies=("El viernes a las 8.",), earlier_asked=("¿Cuándo es la noche de juegos?",)))
+    assert ECHO in checked.problems and not checked.usable

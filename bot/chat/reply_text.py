@@ -417,8 +417,8 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
     elif not _has_words(cleaned):
         problems.append(EMPTY)
         cleaned = ""
-    elif any(is_echo(history_text(cleaned), source) for source in (facts.answered, *facts.also_not)):
-        problems.append(ECHO)  # compared without the line saying nothing was saved: that line is the bot's, not an answer
+    elif any(is_echo(history_text(cleaned), source) for source in (facts.answered, *facts.also_not, *facts.earlier_asked)):
+        problems.append(ECHO)  # of this message or an earlier one; without the line saying nothing was saved (the bot's)
     elif is_repeat(history_text(cleaned), facts.earlier_replies, facts.earlier_asked, facts.answered,
                    (*facts.speakers.values(), facts.persona_name)):
         problems.append(REPEAT)
