@@ -303,6 +303,7 @@ async def test_summaries_switched_off_for_a_channel_are_neither_written_nor_show
         ('Here you go:\n```json\n{"summary": "A quiet day", "key_details": []}\n```\nAnything else?', "A quiet day", ()),
         ('{"summary": "Sam moved", "key_details": "Sam lives in Lyon now"}', "Sam moved", ("Sam lives in Lyon now",)),
         ('{"summary": "Rin", "key_details": [" spaced   out ", "", 3]}', "Rin", ("spaced out", "3")),
+        ('{"summary": "A hike", "key_details": ["Hike on Saturday", "Bring wa', "A hike", ("Hike on Saturday",)),  # cut short
     ],
 )
 def test_a_summary_is_read_from_what_small_models_really_write(answer: str, summary: str, details: tuple[str, ...]) -> None:
@@ -310,6 +311,23 @@ def test_a_summary_is_read_from_what_small_models_really_write(answer: str, summ
     assert written is not None and (written.summary, written.key_details) == (summary, details)
 
 
-@pytest.mark.parametrize("answer", ["The day was quiet.", '{"summary": ""}', '{"text": "x"}', "{not json}", "[1, 2]"])
+def test_the_facts_of_an_answer_with_broken_json_are_read() -> None:
+    # what Qwen2.5-Coder 0.5B answered for a day (its last fact closed with `"]}]`); asked again, it wrote the same
+    answer = (
+        '{"summary": "P1 and P2 talked about their shifts.", "facts": [{"by": "P1", "about": "self", "fact": "P1 worked as a '
+        'nurse at the children\'s hospital, night shifts mostly"}, {"by": "P2", "about": "self", "fact": "P2 moved here, I '
+        'live in Berlin now"}, {"by": "BOT", "about": "self", "fact": "P1 and P2 talked about their shifts."]}]'
+    )
+    written = read_answer(answer)
+    assert written is not None and written.summary == "P1 and P2 talked about their shifts."
+    assert [(f.by, f.text) for f in written.facts] == [
+        ("P1", "P1 worked as a nurse at the children's hospital, night shifts mostly"),
+        ("P2", "P2 moved here, I live in Berlin now"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "answer", ["The day was quiet.", '{"summary": ""}', '{"text": "x"}', "{not json}", "[1, 2]", '{"summary": "cut sh']
+)
 def test_an_answer_without_the_asked_json_is_not_taken_for_a_summary(answer: str) -> None:
     assert read_answer(answer) is None

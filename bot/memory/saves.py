@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import date, datetime
 
 import asyncpg
 
@@ -42,6 +44,34 @@ class _Refused(Exception):
     def __init__(self, result: SaveResult) -> None:
         super().__init__(result.detail)
         self.result = result
+
+
+@dataclass(frozen=True)
+class _Save:
+    """What a save knows before its transaction: the request, its cleaned text and tags, the persona, the vector in
+    the current space (None when the model failed), a merge planned for a full list, and whether the reply could
+    search (a full list does not forget without it)."""
+
+    request: NewMemory
+    text: str
+    tags: tuple[str, ...]
+    persona: int
+    vector: Vector | None
+    space: int | None
+    planned: tuple[MergePlan, Vector | None] | None
+    search_available: bool
+
+
+@dataclass
+class _Stored:
+    """What the transaction did: the memory saved (or the one the save repeats, counted as used), the memories
+    forgotten and merges made for room, and the closest memories of the list (the model is shown them)."""
+
+    saved: Memory
+    forgotten: list[Memory] = field(default_factory=list)
+    merges: list[tuple[Merge, Vector | None]] = field(default_factory=list)
+    similar: list[Memory] = field(default_factory=list)
+    repeated: bool = False
 
 
 class MemorySaves:
@@ -122,18 +152,16 @@ class MemorySaves:
         space = await self.embeddings.space_id()
         planned = await self._planned_merge(request, persona, space)
         try:
-            saved, forgotten, merges, similar, repeated = await self._store(
-                request, text, tags, persona, vector, space, planned, search_available, check
-            )
+            stored = await self._store(_Save(request, text, tags, persona, vector, space, planned, search_available), check)
         except _Refused as refused:
             return refused.result
-        if repeated:
-            return SaveResult(saved=saved, forgotten=[], rejected=None, detail=f"already remembered as #{saved.id}",
-                              repeated=True)
-        if (vector is None or any(merged is None for _, merged in merges)) and space is not None:
+        if stored.repeated:
+            return SaveResult(saved=stored.saved, forgotten=[], rejected=None,
+                              detail=f"already remembered as #{stored.saved.id}", repeated=True)
+        if (vector is None or any(merged is None for _, merged in stored.merges)) and space is not None:
             self.embeddings.want_vectors()
-        return SaveResult(saved=saved, forgotten=forgotten, rejected=None, detail="saved", similar=similar,
-                          merged=[merge for merge, _ in merges])
+        return SaveResult(saved=stored.saved, forgotten=stored.forgotten, rejected=None, detail="saved",
+                          similar=stored.similar, merged=[merge for merge, _ in stored.merges])
 
     async def _planned_merge(
         self, request: NewMemory, persona: int, space: int | None
@@ -159,94 +187,95 @@ class MemorySaves:
         vector, _ = await self.embeddings.embed_one(plan.text)
         return plan, vector
 
-    async def _store(
-        self,
-        request: NewMemory,
-        text: str,
-        tags: tuple[str, ...],
-        persona: int,
-        vector: Vector | None,
-        space: int | None,
-        planned: tuple[MergePlan, Vector | None] | None,
-        search_available: bool,
-        check: SaveCheck | None,
-    ) -> tuple[Memory, list[Memory], list[tuple[Merge, Vector | None]], list[Memory], bool]:
+    async def _store(self, save: _Save, check: SaveCheck | None) -> _Stored:
         """The save's transaction: under the list's lock, the duplicate rule, room (merge, else forget, else raise
         `_Refused`, which rolls everything back) and the insert."""
+        request = save.request
         now, today = utc_now(self.clock)
-        dormant_after = self.settings.dormant_after_days
         async with self.pool.acquire() as conn, conn.transaction():
-            if request.list == MemoryList.SERVER:
-                assert request.guild_id is not None
-                owner = request.guild_id
-                await store.lock_list(conn, f"server:{request.guild_id}")
-                full = await store.count_server_list(conn, request.guild_id, persona) >= self.settings.server_memory_limit
-                lists_to_free = [persona] if full else []
-            else:
-                assert request.owner_id is not None
-                owner = request.owner_id
-                await store.lock_list(conn, f"personal:{request.owner_id}")
-                # delete-my-data locks the person exclusively: it sees this save's memory, or this save sees none
-                await self.servers.lock_people(conn, [request.owner_id], shared=True)
-                personas = {persona}
-                if request.is_global:  # a Global memory counts in every persona's personal list
-                    personas.update(await store.personas_with_personal_memories(conn, request.owner_id))
-                sizes = await store.personal_list_sizes(conn, request.owner_id, personas)
-                lists_to_free = sorted(p for p, size in sizes.items() if size >= self.settings.personal_memory_limit)
+            owner, lists_to_free = await self._lock_list(conn, request, save.persona)
             withdrawn = await check(conn) if check is not None else None
             if withdrawn is not None:
                 raise _Refused(_rejected(Rejection.WITHDRAWN, withdrawn))
-
             closest = await store.closest_in_list(
                 conn,
                 memory_list=request.list,
                 owner_id=request.owner_id,
-                normalized=store.normalized_text(text),
-                space=space,
-                vector=vector,
-                where=store.seen_in(request.conversation, request.guild_id, persona),
+                normalized=store.normalized_text(save.text),
+                space=save.space,
+                vector=save.vector,
+                where=store.seen_in(request.conversation, request.guild_id, save.persona),
             )
-            repeated = next((m for m, same, cos in closest if self._repeats(m, request, tags, same, cos)), None)
+            repeated = next((m for m, same, cos in closest if self._repeats(m, request, save.tags, same, cos)), None)
             if repeated is not None:
-                return await store.count_as_used(conn, repeated.id, now, today, dormant_after), [], [], [], True
+                used = await store.count_as_used(conn, repeated.id, now, today, self.settings.dormant_after_days)
+                return _Stored(used, repeated=True)
             similar = [memory for memory, _, similarity in closest[:2] if similarity is not None]
-
-            forgotten: list[Memory] = []
-            merges: list[tuple[Merge, Vector | None]] = []
-            for list_persona in lists_to_free:
-                where = store.seen_in(request.conversation, request.guild_id, list_persona)
-                merge = await self.room.merge(
-                    conn, request.list, owner, space, where, planned=planned if list_persona == persona else None,
-                    by=request.by, now=now, today=today,
-                )
-                if merge is not None:
-                    merges.append(merge)
-                    continue
-                forgotten.append(await self._forgettable(conn, request, owner, where, forgotten, vector, search_available))
-            if forgotten:
-                await store.delete_memories(conn, [m.id for m in forgotten])
+            forgotten, merges = await self._make_room(conn, save, owner, lists_to_free, now, today)
             similar = [m for m in similar if all(m.id != merge.absorbed.id for merge, _ in merges)]
+            saved = await self._insert(conn, save, now, today)
+        return _Stored(saved, forgotten, merges, similar)
 
-            saved = await store.insert_memory(
-                conn,
-                memory_list=request.list,
-                guild_id=request.guild_id if request.list == MemoryList.SERVER else None,
-                owner_id=request.owner_id if request.list == MemoryList.PERSONAL else None,
-                persona_id=None if request.is_global else persona,
-                text=text,
-                tags=tags,
-                channel_ids=request.channel_ids,
-                source=request.via,
-                protected=request.via == Source.COMMAND or request.is_global,
-                created_by=request.by,
-                now=now,
-                today=today,
+    async def _lock_list(self, conn: Connection, request: NewMemory, persona: int) -> tuple[int, list[int]]:
+        """Lock the list the save goes into; its owner, and the personas whose list of it is full."""
+        if request.list == MemoryList.SERVER:
+            assert request.guild_id is not None
+            await store.lock_list(conn, f"server:{request.guild_id}")
+            full = await store.count_server_list(conn, request.guild_id, persona) >= self.settings.server_memory_limit
+            return request.guild_id, [persona] if full else []
+        assert request.owner_id is not None
+        await store.lock_list(conn, f"personal:{request.owner_id}")
+        # delete-my-data locks the person exclusively: it sees this save's memory, or this save sees none
+        await self.servers.lock_people(conn, [request.owner_id], shared=True)
+        personas = {persona}
+        if request.is_global:  # a Global memory counts in every persona's personal list
+            personas.update(await store.personas_with_personal_memories(conn, request.owner_id))
+        sizes = await store.personal_list_sizes(conn, request.owner_id, personas)
+        return request.owner_id, sorted(p for p, size in sizes.items() if size >= self.settings.personal_memory_limit)
+
+    async def _make_room(
+        self, conn: Connection, save: _Save, owner: int, lists_to_free: list[int], now: datetime, today: date
+    ) -> tuple[list[Memory], list[tuple[Merge, Vector | None]]]:
+        """Room in each full list: a merge where two memories belong together, else one memory forgotten."""
+        request = save.request
+        forgotten: list[Memory] = []
+        merges: list[tuple[Merge, Vector | None]] = []
+        for list_persona in lists_to_free:
+            where = store.seen_in(request.conversation, request.guild_id, list_persona)
+            merge = await self.room.merge(
+                conn, request.list, owner, save.space, where, planned=save.planned if list_persona == save.persona else None,
+                by=request.by, now=now, today=today,
             )
-            if vector is not None and space is not None:
-                await store.store_vector(conn, saved.id, space, vector, text)
-            if request.source_messages:
-                await store.set_memory_sources(conn, saved.id, request.source_messages)
-        return saved, forgotten, merges, similar, False
+            if merge is not None:
+                merges.append(merge)
+                continue
+            forgotten.append(await self._forgettable(conn, request, owner, where, forgotten, save.vector, save.search_available))
+        if forgotten:
+            await store.delete_memories(conn, [m.id for m in forgotten])
+        return forgotten, merges
+
+    async def _insert(self, conn: Connection, save: _Save, now: datetime, today: date) -> Memory:
+        request = save.request
+        saved = await store.insert_memory(
+            conn,
+            memory_list=request.list,
+            guild_id=request.guild_id if request.list == MemoryList.SERVER else None,
+            owner_id=request.owner_id if request.list == MemoryList.PERSONAL else None,
+            persona_id=None if request.is_global else save.persona,
+            text=save.text,
+            tags=save.tags,
+            channel_ids=request.channel_ids,
+            source=request.via,
+            protected=request.via == Source.COMMAND or request.is_global,
+            created_by=request.by,
+            now=now,
+            today=today,
+        )
+        if save.vector is not None and save.space is not None:
+            await store.store_vector(conn, saved.id, save.space, save.vector, save.text)
+        if request.source_messages:
+            await store.set_memory_sources(conn, saved.id, request.source_messages)
+        return saved
 
     async def _forgettable(
         self, conn: Connection, request: NewMemory, owner: int, where: list[object], already: list[Memory],

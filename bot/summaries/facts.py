@@ -118,9 +118,11 @@ class FactCheck:
         """Keep the facts whose speaker, subject and support hold; the rest is dropped with a reason."""
         checked = Checked()
         people_rows = [row for row in day.rows if not row["is_bot"]]
-        facts = await self._unmixed(list(written.facts), people_rows, day, checked)
+        named = [replace(fact, text=_tags_named(fact.text, day)) for fact in written.facts]
+        facts = await self._unmixed(named, people_rows, day, checked)
         line_scores = await self._line_scores(facts, people_rows, day) if facts else None
         seen: dict[str, int] = {}
+        known = {" ".join(memory.text.casefold().split()) for memory in day.remembered.values()}
         for index, fact in enumerate(facts):
             scores = line_scores[index] if line_scores is not None else None
             note, why = self._judge(fact, day, people_rows, scores)
@@ -128,6 +130,9 @@ class FactCheck:
                 checked.dropped.append((fact, why))
                 continue
             key = " ".join(note.text.casefold().split())
+            if key in known:  # small models copy the remembered facts shown to them into the day's facts
+                checked.dropped.append((fact, "a remembered fact, unchanged"))
+                continue
             if key in seen:  # the same fact twice: keep the one that says what it corrects
                 if note.replaces is not None and checked.notes[seen[key]].replaces is None:
                     checked.notes[seen[key]] = note
@@ -136,6 +141,7 @@ class FactCheck:
             seen[key] = len(checked.notes)
             checked.notes.append(note)
         await self._corrections(checked, day)
+        await self._unnoted_corrections(checked, day)
         checked.key_details = [note.text for note in checked.notes[:MAX_KEY_DETAILS]]
         return checked
 
@@ -143,9 +149,14 @@ class FactCheck:
         self, facts: list[RawFact], rows: list[dict[str, Any]], day: DayText, checked: Checked
     ) -> list[RawFact]:
         """Facts that join what two people said ("I moved here and have a birthday on March 3": Rin moved, Bau has the
-        birthday) keep only the parts of one of them: the person the model named, if they said a part, else the author
-        of the best-supported part. Each part goes to the author of its closest line (by GROUND_MIN and GROUND_MARGIN,
-        as a whole fact does); a part nobody clearly said stays. The parts left out are dropped with the reason."""
+        birthday) are cut into parts, each going to the author of its closest line (by GROUND_MIN and GROUND_MARGIN, as
+        a whole fact does); a part nobody clearly said stays with the fact. The fact keeps the parts of one person: the
+        one the model named, if they said a part, else the author of the best-supported part; every other person's
+        parts become a fact of their own, with that person's tag (their lines decide, and every check follows, as for
+        any fact): Qwen2.5-Coder 1.5B wrote "Lucía arrives late to the meeting, and Inés is training for the Madrid
+        marathon" for Pablo. A part of the fact kept that names another speaker of the day is a claim about them: left
+        out, with the reason, when the fact's other parts still say something ("Pablo added three new cats and Inés
+        mentioned another")."""
         split = [[part for part in fact_parts(fact.text) if _without_speaker_text(part, day)] for fact in facts]
         if not rows or not any(len(parts) > 1 for parts in split):
             return facts
@@ -166,30 +177,39 @@ class FactCheck:
             if top is not None and len(ranked) > 1 and best[ranked[1]] >= best[top] - GROUND_MARGIN:
                 top = None  # nobody clearly said it
             authors.setdefault(index, []).append((part, top, best.get(top, 0.0) if top is not None else 0.0))
-        result = []
+        by_user = {s.user_id: s for s in day.speakers.values()}
+        result, theirs = [], []
         for index, fact in enumerate(facts):
             parts = authors.get(index)
-            said_by = {author for _, author, _ in parts or () if author is not None}
-            if parts is None or len(said_by) < 2:
+            if parts is None:
                 result.append(fact)
                 continue
+            said_by = {author for _, author, _ in parts if author is not None}
             claimed = self._claimed(fact, day)
-            keep = claimed.user_id if isinstance(claimed, Speaker) and claimed.user_id in said_by else max(
+            keep = (claimed.user_id if isinstance(claimed, Speaker) and claimed.user_id in said_by else max(
                 ((author, score) for _, author, score in parts if author is not None), key=lambda pair: pair[1]
-            )[0]
-            kept = [part for part, author, _ in parts if author in (keep, None)]
+            )[0]) if said_by else None
             for part, author, _ in parts:
-                if author not in (keep, None):
-                    checked.dropped.append((replace(fact, text=part), "part of a fact said by someone else"))
-            result.append(replace(fact, text=", ".join(kept)))
-        return result
+                if author not in (keep, None) and author in by_user:
+                    theirs.append(RawFact(by_user[author].tag, fact.about, part))
+            kept = [part for part, author, _ in parts if author in (keep, None)]
+            owner = by_user.get(keep) if keep is not None else claimed if isinstance(claimed, Speaker) else None
+            if owner is not None:
+                plain = [part for part in kept if not _names_another(part, owner, day)]
+                for part in (kept if plain else []):
+                    if part not in plain:
+                        checked.dropped.append((replace(fact, text=part), "names someone else than the person who said it"))
+                kept = plain or kept
+            result.append(fact if len(kept) == len(parts) else replace(fact, text=", ".join(kept)))
+        return result + theirs
 
     async def _corrections(self, checked: Checked, day: DayText) -> None:
         """A correction the model wrote without its `replaces` ("my cat is actually called Luna" with "Juno's cat is
         called Mochi" remembered): when the line says it changes something (CORRECTION) and one remembered fact of the
         note's list (personal: the speaker's own; server: only for a speaker with Manage Server; never a protected one) is
         about the same subject by the unrelated-update guard's rule, the note replaces the closest such fact. Left alone,
-        the old fact would stand beside the new one."""
+        the old fact would stand beside the new one. A personal note whose lines are not in the first person may also
+        correct a server fact (it becomes a server note): the model names the speaker in a change of the group's plans."""
         open_notes = [
             (index, note) for index, note in enumerate(checked.notes)
             if note.replaces is None and any(CORRECTION.search(line) for line in _lines_of(note, day))
@@ -200,21 +220,78 @@ class FactCheck:
         remembered = list(day.remembered.values())
         vectors = await self._embed([note.text for _, note in open_notes] + [m.text for m in remembered])
         for row, (index, note) in enumerate(open_notes):
+            lists = {note.memory_list}
+            if note.memory_list == MemoryList.PERSONAL and not any(first_person(line) for line in _lines_of(note, day)):
+                lists.add(MemoryList.SERVER)  # "Lucía changed the meeting to Sunday", from "la quedada se cambia al domingo"
             scored = []
             for column, memory in enumerate(remembered):
-                if memory.id in taken or memory.list != note.memory_list or memory.protected:
+                if memory.id in taken or memory.list not in lists or memory.protected:
                     continue  # a guess may not turn a new fact into a refused change: only what the speaker may change
-                if note.memory_list == MemoryList.SERVER and not note.speaker.can_manage:
+                if memory.list == MemoryList.SERVER and not note.speaker.can_manage:
                     continue
-                if note.memory_list == MemoryList.PERSONAL and memory.owner_id != note.speaker.user_id:
+                if memory.list == MemoryList.PERSONAL and memory.owner_id != note.speaker.user_id:
                     continue
                 cosine = float(vectors[row] @ vectors[len(open_notes) + column]) if vectors is not None else None
                 if same_subject(memory.text, note.text, cosine, self.update_min_similarity):
                     scored.append((subject_score(memory.text, note.text, cosine) or 0.0, memory))
             if scored:
                 best = max(scored, key=lambda pair: pair[0])[1]
-                checked.notes[index] = replace(note, replaces=best)
+                checked.notes[index] = replace(note, memory_list=best.list, replaces=best)
                 taken.add(best.id)
+
+    async def _unnoted_corrections(self, checked: Checked, day: DayText) -> None:
+        """A line that corrects a remembered fact of its own speaker, which the model left out of its facts, is noted
+        as said (Qwen2.5-Coder 1.5B wrote every line of Juno's day as a fact but "correction: my cat is actually called
+        Luna", and put a remembered fact in its place): left alone, the old fact would stand, corrected by nobody.
+
+        The line must say it changes something (CORRECTION), be no question, name no other speaker and nobody who
+        asked not to be noted, and speak in the first person (a personal fact: the speaker's own remembered facts) or,
+        from a speaker with Manage Server, name a plan of the group (the server's). It replaces the remembered fact of
+        that list closest to it by the unrelated-update guard's rule, never a protected one nor one another note
+        already replaces; with none about the same subject, nothing is noted (a "correction" of nothing remembered is
+        the model's to write). Its text is the line without an address to the bot and a leading label ("correction:")."""
+        if not day.remembered:
+            return
+        noted = {(channel, message) for note in checked.notes for channel, message, _ in note.sources}
+        taken = {note.replaces.id for note in checked.notes if note.replaces is not None}
+        by_user = {s.user_id: s for s in day.speakers.values()}
+        found: list[tuple[dict[str, Any], Speaker, MemoryList, str]] = []
+        for row in day.rows:
+            speaker = by_user.get(row["author_id"])
+            if row["is_bot"] or speaker is None or not speaker.notable or (row["channel_id"], row["message_id"]) in noted:
+                continue
+            said = stated(str(row["text"]))
+            if not said or not CORRECTION.search(str(row["text"])) or said.rstrip().endswith("?"):
+                continue
+            others = [s.name for s in day.speakers.values() if s.user_id != speaker.user_id] + day.unnamed
+            if any(names_in(said, name) and not names_in(speaker.name, name) for name in others):
+                continue
+            if first_person(said):
+                found.append((row, speaker, MemoryList.PERSONAL, said))
+            elif speaker.can_manage and PLAN.search(said):
+                found.append((row, speaker, MemoryList.SERVER, said))
+        if not found:
+            return
+        remembered = list(day.remembered.values())
+        vectors = await self._embed([said for *_, said in found] + [m.text for m in remembered])
+        for row_number, (row, speaker, memory_list, said) in enumerate(found):
+            scored = []
+            for column, memory in enumerate(remembered):
+                if memory.id in taken or memory.list != memory_list or memory.protected:
+                    continue
+                if memory_list == MemoryList.PERSONAL and memory.owner_id != speaker.user_id:
+                    continue
+                cosine = float(vectors[row_number] @ vectors[len(found) + column]) if vectors is not None else None
+                if same_subject(memory.text, said, cosine, self.update_min_similarity):
+                    scored.append((subject_score(memory.text, said, cosine) or 0.0, memory))
+            if not scored:
+                continue
+            best = max(scored, key=lambda pair: pair[0])[1]
+            named = memory_list == MemoryList.SERVER or names_in(said, speaker.name)
+            source = ((row["channel_id"], row["message_id"], row["author_id"]),)
+            checked.notes.append(Note(speaker, memory_list, said if named else f"{speaker.name}: {said}", best, source,
+                                      bool(row.get("private_thread"))))
+            taken.add(best.id)
 
     async def _line_scores(self, facts: list[RawFact], rows: list[dict[str, Any]], day: DayText) -> np.ndarray | None:
         """How well each of the people's lines supports each fact (facts x lines): the best cosine between the fact,
@@ -345,6 +422,22 @@ class FactCheck:
         return kept[:MAX_KEY_DETAILS]
 
 
+ADDRESS = re.compile(r"^\s*(?:<@!?\d+>\s*,?|@?[^\W\d_][\w-]*\s*,)\s*")  # "Deskmate, ...", "<@123>, ..."
+LABEL = re.compile(r"^\s*([^\W\d_]+(?:\s+[^\W\d_]+){0,2})\s*:\s+")  # "correction: ", "heads up: ", "big news: "
+
+
+def stated(line: str) -> str:
+    """What a line says, without an address to someone ("Deskmate, ") and a leading label ("correction: ",
+    "heads up: "): "Deskmate, correction: my cat is actually called Luna" -> "my cat is actually called Luna".
+    A word in the first person is never taken for an address or a label ("my cat: Luna" stays)."""
+    text = " ".join(line.split())
+    for pattern in (ADDRESS, LABEL, ADDRESS, LABEL):
+        found = pattern.match(text)
+        if found is not None and not first_person(found.group(0)) and found.end() < len(text):
+            text = text[found.end() :]
+    return text
+
+
 CLAUSE_BREAK = re.compile(r"[.;!?¿¡:,\n]+|\s(?:and|but|y|pero|also|también)\s", re.IGNORECASE)
 
 
@@ -396,6 +489,16 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\w+", text.casefold())
 
 
+def _tags_named(text: str, day: DayText) -> str:
+    """A fact with the day's speaker tags written as names: small models copy the tags ("P1 worked as a nurse")."""
+    return TAG.sub(lambda found: day.speakers[found.group(1).upper()].name if found.group(1).upper() in day.speakers
+                   else found.group(0), text)
+
+
+def _names_another(text: str, speaker: Speaker, day: DayText) -> bool:
+    return any(names_in(text, s.name) and not names_in(speaker.name, s.name) for s in day.speakers.values() if s != speaker)
+
+
 def _lines_of(note: Note, day: DayText) -> list[str]:
     said = {(channel, message) for channel, message, _ in note.sources}
     return [str(row["text"]) for row in day.rows if (row["channel_id"], row["message_id"]) in said]
@@ -405,7 +508,7 @@ def _sources(rows: list[dict[str, Any]], chosen: list[int]) -> tuple[tuple[int, 
     return tuple((rows[i]["channel_id"], rows[i]["message_id"], rows[i]["author_id"]) for i in chosen[:MAX_SOURCES])
 
 
-FACT_BREAK = re.compile(r"[;,]\s+|\s(?:and|but|y|pero)\s", re.IGNORECASE)
+FACT_BREAK = re.compile(r"[;,]?\s+(?:and|but|y|pero)\s+|[;,]\s+", re.IGNORECASE)
 
 
 def fact_parts(text: str) -> list[str]:

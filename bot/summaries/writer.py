@@ -4,7 +4,8 @@ A day is asked for as JSON `{"summary": "...", "facts": [{"by": "P1", "about": "
 summary, and what the day taught, each fact with the speaker tag of the person who said it (the day-end notes,
 `bot.summaries.notes`, check and keep them; the ones kept are the day's key details). A week is asked for as
 `{"summary": "...", "key_details": ["..."]}`. Small local models often wrap it in a code fence, add a sentence
-around it, or answer in prose: the answer is read leniently, a bad one is asked for once more, and a second bad
+around it, break its JSON or answer in prose: the answer is read leniently (of broken JSON, the summary and each
+whole fact or key detail), a bad one is asked for once more, and a second bad
 one is kept as plain text (a summary with no key details), so a model that never writes JSON still gets its days
 summarised. An answer that echoes the instructions or is raw JSON is never kept as a summary. A day longer than
 SUMMARY_PART_TOKENS is summarised in parts, which one more call combines.
@@ -49,7 +50,7 @@ DAY_INSTRUCTIONS = (
     '"by" is the tag of the person who said it. '
     '"about" is "self" for a fact a person told about themselves, "server" for a fact about the group or the '
     "server. "
-    '"fact" is one short sentence in the third person with the person\'s name, e.g. "Juno\'s cat is called Mochi". '
+    '"fact" is one short sentence in the third person with the person\'s name, e.g. "Ravi grows tomatoes on his balcony". '
     'When a fact changes a remembered fact listed before the chat, add "replaces" with its ref, e.g. "M2". '
     "Only what people said about themselves or the group: never a claim about another person, never what BOT says. "
     "Leave out small talk, questions, jokes and facts already remembered unchanged. "
@@ -138,12 +139,14 @@ def read_answer(text: str) -> Written | None:
     """The summary in an answer, or None when it holds no usable JSON object of the asked shape."""
     cleaned = re.sub(r"```(?:json)?", "", text).strip()
     start, end = cleaned.find("{"), cleaned.rfind("}")
-    if start < 0 or end <= start:
+    if start < 0:
         return None
     try:
-        data = json.loads(cleaned[start : end + 1])
+        data = json.loads(cleaned[start : end + 1]) if end > start else None
     except (ValueError, RecursionError):
-        return None
+        data = None
+    if not isinstance(data, dict):
+        data = salvaged(cleaned[start:])
     if not isinstance(data, dict) or not isinstance(data.get("summary"), str) or not data["summary"].strip():
         return None
     details = data.get("key_details", [])
@@ -154,6 +157,42 @@ def read_answer(text: str) -> Written | None:
     kept = [detail_text(item) for item in details[: MAX_KEY_DETAILS * 4] if isinstance(item, str | int | float)]
     kept = [detail for detail in kept if detail]
     return Written(data["summary"].strip()[:MAX_SUMMARY_CHARS], tuple(kept[:MAX_KEY_DETAILS]), True, _facts(data))
+
+
+def salvaged(text: str) -> dict[str, object] | None:
+    """What reads of an answer whose JSON is broken: its "summary" string, each whole fact object and each key detail
+    string. Qwen2.5-Coder 0.5B closed its facts with `"]}]`, so a day that listed the nurse, the move and the allergy
+    was lost whole, asked again, and lost again (the same answer twice). None without a readable summary."""
+    decoder = json.JSONDecoder()
+    found = re.search(r'"summary"\s*:\s*(?=")', text)
+    if found is None:
+        return None
+    try:
+        summary, _ = decoder.raw_decode(text, found.end())
+    except (ValueError, RecursionError):
+        return None
+    facts: list[object] = []
+    listed = text.find('"facts"')
+    for brace in re.finditer(r"\{", text[listed:] if listed >= 0 else ""):
+        try:
+            item, _ = decoder.raw_decode(text, listed + brace.start())
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(item, dict) and ("fact" in item or "text" in item):
+            facts.append(item)
+    details: list[object] = []
+    opened = re.search(r'"key_details"\s*:\s*\[', text)
+    at = opened.end() if opened is not None else len(text)
+    while at < len(text):
+        at = len(text) - len(text[at:].lstrip(" \n\t,"))
+        try:
+            detail, at = decoder.raw_decode(text, at)
+        except (ValueError, RecursionError):
+            break
+        if not isinstance(detail, str):
+            break
+        details.append(detail)
+    return {"summary": summary, "facts": facts, "key_details": details}
 
 
 def detail_text(item: object) -> str:
