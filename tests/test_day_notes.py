@@ -561,10 +561,19 @@ async def test_a_fact_joining_what_two_people_said_is_cut_and_each_part_goes_to_
 
 
 async def test_a_speaker_tag_in_a_facts_text_is_written_as_the_persons_name(world: World, summarizer: FakeChatServer) -> None:
-    await say(world, MONDAY, [(JUNO, "Deskmate, I work as a nurse at the children's hospital"), (RIN, "respect")])
-    summarizer.text(facts(("P1", "self", "P1 works as a nurse at the children's hospital")))  # as Qwen2.5-Coder 0.5B writes
+    await say(world, MONDAY, [
+        (JUNO, "Deskmate, I work as a nurse at the children's hospital"), (RIN, "respect"),
+        (JUNO, "also I'm allergic to penicillin, learned that the hard way lol"),
+    ])
+    summarizer.text(facts(  # as Qwen2.5-Coder 0.5B writes, the second with Rin's tag: Juno's line decides
+        ("P1", "self", "P1 works as a nurse at the children's hospital"),
+        ("P2", "self", "P2 is allergic to penicillin, learned that the hard way lol"),
+    ))
     await end_day(world, MONDAY)
-    assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno works as a nurse at the children's hospital")]
+    assert [(m.owner_id, m.text) for m in await memories(world)] == [
+        (JUNO, "Juno works as a nurse at the children's hospital"),
+        (JUNO, "Juno is allergic to penicillin, learned that the hard way lol"),
+    ]
 
 
 async def test_a_part_that_says_something_about_someone_else_is_left_out_and_the_rest_kept(
@@ -575,17 +584,22 @@ async def test_a_part_that_says_something_about_someone_else_is_left_out_and_the
         (RIN, "I'm training for the Madrid marathon in April"),
         (JUNO, "correction: now I have three cats, we adopted Nube yesterday"),
         (RIN, "ooh another cat"),
+        (RIN, "the exam is on May 12, room B4"),
+        (SAM, "the picnic changed to Sunday at 6pm, due to the rain"),
     ])
     summarizer.text(facts(  # what Qwen2.5-Coder 1.5B wrote of such a day (in Spanish)
         ("P1", "self", "Juno arrives late to the meetings, and Rin is training for the Madrid marathon in April."),
         ("P3", "self", "Juno adopted three new cats and Rin mentioned another."),
+        ("P1", "self", "Juno's exam is on May 12, room B4"),  # what is left without Juno ("room B4") is no fact
+        ("P3", "self", "Juno adopted three new cats, due to the rain"),  # Sam's "due to the rain" is no fact either
     ))
     await end_day(world, MONDAY)
-    assert sorted((m.owner_id, m.text) for m in await memories(world)) == [
+    assert sorted((m.owner_id or 0, m.text) for m in await memories(world)) == [
         (JUNO, "Juno adopted three new cats"), (RIN, "Rin is training for the Madrid marathon in April."),
     ]
     dropped = {(fact.text, why) for fact, why in world.services.summaries.notes.last[(CHANNEL, MONDAY)].dropped}
     assert ("Rin mentioned another.", "names someone else than the person who said it") in dropped
+    assert ("due to the rain", "part of a fact said by someone else") in dropped
     assert not any("late" in m.text for m in await memories(world))  # Sam's claim about Juno is nobody's memory
 
 

@@ -118,8 +118,7 @@ class FactCheck:
         """Keep the facts whose speaker, subject and support hold; the rest is dropped with a reason."""
         checked = Checked()
         people_rows = [row for row in day.rows if not row["is_bot"]]
-        named = [replace(fact, text=_tags_named(fact.text, day)) for fact in written.facts]
-        facts = await self._unmixed(named, people_rows, day, checked)
+        facts = await self._unmixed(list(written.facts), people_rows, day, checked)
         line_scores = await self._line_scores(facts, people_rows, day) if facts else None
         seen: dict[str, int] = {}
         known = {" ".join(memory.text.casefold().split()) for memory in day.remembered.values()}
@@ -152,19 +151,62 @@ class FactCheck:
         birthday) are cut into parts, each going to the author of its closest line (by GROUND_MIN and GROUND_MARGIN, as
         a whole fact does); a part nobody clearly said stays with the fact. The fact keeps the parts of one person: the
         one the model named, if they said a part, else the author of the best-supported part; every other person's
-        parts become a fact of their own, with that person's tag (their lines decide, and every check follows, as for
-        any fact): Qwen2.5-Coder 1.5B wrote "Lucía arrives late to the meeting, and Inés is training for the Madrid
-        marathon" for Pablo. A part of the fact kept that names another speaker of the day is a claim about them: left
-        out, with the reason, when the fact's other parts still say something ("Pablo added three new cats and Inés
-        mentioned another")."""
+        parts that name them or speak in the first person become a fact of their own, with that person's tag (their
+        lines decide, and every check follows, as for any fact; a fragment such as "due to the rain." is dropped):
+        Qwen2.5-Coder 1.5B wrote "Lucía arrives late to the meeting, and Inés is training for the Madrid marathon"
+        for Pablo. A part of the fact kept that names another speaker of the day is a claim about them: left
+        out, with the reason, when the fact's other parts still say something about their person, by name or in the
+        first person ("Pablo added three new cats and Inés mentioned another"); otherwise the fact stays whole (and
+        names someone else)."""
         split = [[part for part in fact_parts(fact.text) if _without_speaker_text(part, day)] for fact in facts]
         if not rows or not any(len(parts) > 1 for parts in split):
             return facts
+        authors = await self._part_authors(split, rows, day)
+        if authors is None:
+            return facts
+        by_user = {s.user_id: s for s in day.speakers.values()}
+        result, theirs = [], []
+        for index, fact in enumerate(facts):
+            parts = authors.get(index)
+            if parts is None:
+                result.append(fact)
+                continue
+            said_by = {author for _, author, _ in parts if author is not None}
+            claimed = _claimed(fact, day)
+            keep = (claimed.user_id if isinstance(claimed, Speaker) and claimed.user_id in said_by else max(
+                ((author, score) for _, author, score in parts if author is not None), key=lambda pair: pair[1]
+            )[0]) if said_by else None
+            for part, author, _ in parts:
+                if author in (keep, None):
+                    continue
+                if author in by_user and _about_its_person(part, by_user[author]):
+                    theirs.append(RawFact(by_user[author].tag, fact.about, part))
+                else:  # "due to the rain.": a fragment, no fact of its own
+                    checked.dropped.append((replace(fact, text=part), "part of a fact said by someone else"))
+            kept = [part for part, author, _ in parts if author in (keep, None)]
+            owner = by_user.get(keep) if keep is not None else claimed if isinstance(claimed, Speaker) else None
+            if owner is not None:
+                plain = [part for part in kept if not _names_another(part, owner, day)]
+                if not any(_about_its_person(part, owner) for part in plain):
+                    plain = []  # what is left says nothing about anyone ("room B4" of "Sam's exam is on May 12, room B4")
+                for part in (kept if plain else []):
+                    if part not in plain:
+                        checked.dropped.append((replace(fact, text=part), "names someone else than the person who said it"))
+                kept = plain or kept
+            result.append(fact if len(kept) == len(parts) else replace(fact, text=", ".join(kept)))
+        return result + theirs
+
+    async def _part_authors(
+        self, split: list[list[str]], rows: list[dict[str, Any]], day: DayText
+    ) -> dict[int, list[tuple[str, int | None, float]]] | None:
+        """For each fact of several parts (by its index): each part, the author of its closest line (None when nobody
+        clearly said it: GROUND_MIN and GROUND_MARGIN, as for a whole fact) and that line's score. None without an
+        embedder."""
         pieces = [(i, piece) for i, row in enumerate(rows) for piece in clauses(str(row["text"]))]
         wanted = [(index, part) for index, parts in enumerate(split) if len(parts) > 1 for part in parts]
         vectors = await self._embed([piece for _, piece in pieces] + [_without_speaker_text(p, day) for _, p in wanted])
         if vectors is None:
-            return facts
+            return None
         by_piece = vectors[len(pieces) :] @ vectors[: len(pieces)].T
         authors: dict[int, list[tuple[str, int | None, float]]] = {}
         for row_number, (index, part) in enumerate(wanted):
@@ -177,31 +219,7 @@ class FactCheck:
             if top is not None and len(ranked) > 1 and best[ranked[1]] >= best[top] - GROUND_MARGIN:
                 top = None  # nobody clearly said it
             authors.setdefault(index, []).append((part, top, best.get(top, 0.0) if top is not None else 0.0))
-        by_user = {s.user_id: s for s in day.speakers.values()}
-        result, theirs = [], []
-        for index, fact in enumerate(facts):
-            parts = authors.get(index)
-            if parts is None:
-                result.append(fact)
-                continue
-            said_by = {author for _, author, _ in parts if author is not None}
-            claimed = self._claimed(fact, day)
-            keep = (claimed.user_id if isinstance(claimed, Speaker) and claimed.user_id in said_by else max(
-                ((author, score) for _, author, score in parts if author is not None), key=lambda pair: pair[1]
-            )[0]) if said_by else None
-            for part, author, _ in parts:
-                if author not in (keep, None) and author in by_user:
-                    theirs.append(RawFact(by_user[author].tag, fact.about, part))
-            kept = [part for part, author, _ in parts if author in (keep, None)]
-            owner = by_user.get(keep) if keep is not None else claimed if isinstance(claimed, Speaker) else None
-            if owner is not None:
-                plain = [part for part in kept if not _names_another(part, owner, day)]
-                for part in (kept if plain else []):
-                    if part not in plain:
-                        checked.dropped.append((replace(fact, text=part), "names someone else than the person who said it"))
-                kept = plain or kept
-            result.append(fact if len(kept) == len(parts) else replace(fact, text=", ".join(kept)))
-        return result + theirs
+        return authors
 
     async def _corrections(self, checked: Checked, day: DayText) -> None:
         """A correction the model wrote without its `replaces` ("my cat is actually called Luna" with "Juno's cat is
@@ -312,12 +330,13 @@ class FactCheck:
         self, fact: RawFact, day: DayText, rows: list[dict[str, Any]], scores: np.ndarray | None
     ) -> tuple[Note | None, str]:
         """Whose fact it is (the author of the lines it comes from, by id), and whether it may be kept."""
-        claimed = self._claimed(fact, day)
+        claimed = _claimed(fact, day)
         if claimed == BOT_TAG:
             return None, "the bot's words are never a source"
-        speaker, sources = self._source(fact, day, rows, scores, claimed if isinstance(claimed, Speaker) else None)
+        speaker, sources = _source(fact, day, rows, scores, claimed if isinstance(claimed, Speaker) else None)
         if speaker is None:
             return None, "not supported by one person's own lines"
+        fact = replace(fact, text=_tags_named(fact.text, day, speaker))
         others = [s for s in day.speakers.values() if s.user_id != speaker.user_id]
         if any(names_in(fact.text, s.name) and not names_in(speaker.name, s.name) for s in others):
             return None, "names someone else than the person who said it"
@@ -327,83 +346,14 @@ class FactCheck:
         small_talk = _small_talk(fact, speaker, line)
         if small_talk:
             return None, small_talk
-        memory_list = self._list_of(fact, speaker, line)
+        memory_list = _list_of(fact, speaker, line)
         if memory_list is None:
             return None, "about someone else"
         named = memory_list == MemoryList.SERVER or names_in(fact.text, speaker.name)
         text = fact.text if named else f"{speaker.name}: {fact.text}"
         said = {(channel, message) for channel, message, _ in sources}
         private = any(row.get("private_thread") for row in rows if (row["channel_id"], row["message_id"]) in said)
-        return Note(speaker, memory_list, text, self._replaced(fact, speaker, memory_list, day), sources, private), ""
-
-    @staticmethod
-    def _claimed(fact: RawFact, day: DayText) -> Speaker | str | None:
-        """Who the model says said it: a speaker tag (BOT for the bot), or else one speaker's name. Only a hint:
-        the lines the fact comes from decide (`_source`)."""
-        found = TAG.search(fact.by)
-        if found is not None:
-            tag = found.group(1).upper()
-            return BOT_TAG if tag == BOT_TAG else day.speakers.get(tag)
-        named = [s for s in day.speakers.values() if names_in(fact.by, s.name)]
-        return named[0] if len(named) == 1 else None
-
-    @staticmethod
-    def _list_of(fact: RawFact, speaker: Speaker, line: str) -> MemoryList | None:
-        """Which list a fact goes to, decided mostly by what the person said: a line in the first person singular
-        (I, my, soy, tengo...) makes a personal fact; otherwise `about` says, and a "self" fact must name its
-        speaker ("Kai is vegetarian"), or it is taken for a server fact (a model wrote "I'm planning a game night"
-        for "game night is every Friday on this server"). `about` naming anyone else: nothing."""
-        about = fact.about.strip().casefold()
-        is_self = about in SELF_WORDS or about == speaker.tag.casefold() or names_in(about, speaker.name)
-        if not (is_self or about in SERVER_WORDS):
-            return None
-        if first_person(line) or (is_self and names_in(fact.text, speaker.name)):
-            return MemoryList.PERSONAL
-        return MemoryList.SERVER
-
-    @staticmethod
-    def _source(
-        fact: RawFact, day: DayText, rows: list[dict[str, Any]], scores: np.ndarray | None, claimed: Speaker | None
-    ) -> tuple[Speaker | None, tuple[tuple[int, int, int], ...]]:
-        """The person whose own lines the fact comes from, and those lines (at most three), or (None, ()).
-
-        The closest line (cosine of the fact, names left out, with each line and clause) must reach GROUND_MIN and
-        belong to one person: when another person's line comes within GROUND_MARGIN, the model's `by` decides
-        between them, or nobody does. Without an embedder, the claimed speaker's lines sharing a content word."""
-        by_user = {s.user_id: s for s in day.speakers.values()}
-        if scores is None:
-            if claimed is None:
-                return None, ()
-            stems = content_stems(fact.text)
-            own = [i for i, row in enumerate(rows) if row["author_id"] == claimed.user_id and stems & content_stems(row["text"])]
-            return (claimed, _sources(rows, own)) if own else (None, ())
-        best: dict[int, float] = {}
-        for i, row in enumerate(rows):
-            best[row["author_id"]] = max(best.get(row["author_id"], -1.0), float(scores[i]))
-        ranked = sorted(best, key=lambda user: -best[user])
-        if not ranked or best[ranked[0]] < GROUND_MIN:
-            return None, ()
-        close = [user for user in ranked if best[user] >= best[ranked[0]] - GROUND_MARGIN]
-        if len(close) > 1:
-            if claimed is None or claimed.user_id not in close:
-                return None, ()
-            close = [claimed.user_id]
-        speaker = by_user.get(close[0])
-        if speaker is None:
-            return None, ()
-        own = sorted((i for i, row in enumerate(rows) if row["author_id"] == speaker.user_id), key=lambda i: -float(scores[i]))
-        return speaker, _sources(rows, [i for i in own if float(scores[i]) >= GROUND_MIN])
-
-    @staticmethod
-    def _replaced(fact: RawFact, speaker: Speaker, memory_list: MemoryList, day: DayText) -> Memory | None:
-        """The remembered memory the fact corrects: one shown to the model, of the same list (personal: the speaker's)."""
-        found = REF.search(fact.replaces or "")
-        memory = day.remembered.get(f"M{int(found.group(1))}") if found else None
-        if memory is None or memory.list != memory_list:
-            return None
-        if memory_list == MemoryList.PERSONAL and memory.owner_id != speaker.user_id:
-            return None
-        return memory
+        return Note(speaker, memory_list, text, _replaced(fact, speaker, memory_list, day), sources, private), ""
 
     async def week_details(self, proposed: Sequence[str], checked: Sequence[str]) -> list[str]:
         """A week's key details: only those that restate a checked fact of its days (the model may not add claims
@@ -420,6 +370,72 @@ class FactCheck:
             if supported:
                 kept.append(detail)
         return kept[:MAX_KEY_DETAILS]
+
+
+def _claimed(fact: RawFact, day: DayText) -> Speaker | str | None:
+    """Who the model says said it: a speaker tag (BOT for the bot), or else one speaker's name. Only a hint:
+    the lines the fact comes from decide (`_source`)."""
+    found = TAG.search(fact.by)
+    if found is not None:
+        tag = found.group(1).upper()
+        return BOT_TAG if tag == BOT_TAG else day.speakers.get(tag)
+    named = [s for s in day.speakers.values() if names_in(fact.by, s.name)]
+    return named[0] if len(named) == 1 else None
+
+def _list_of(fact: RawFact, speaker: Speaker, line: str) -> MemoryList | None:
+    """Which list a fact goes to, decided mostly by what the person said: a line in the first person singular
+    (I, my, soy, tengo...) makes a personal fact; otherwise `about` says, and a "self" fact must name its
+    speaker ("Kai is vegetarian"), or it is taken for a server fact (a model wrote "I'm planning a game night"
+    for "game night is every Friday on this server"). `about` naming anyone else: nothing."""
+    about = fact.about.strip().casefold()
+    is_self = about in SELF_WORDS or about == speaker.tag.casefold() or names_in(about, speaker.name)
+    if not (is_self or about in SERVER_WORDS):
+        return None
+    if first_person(line) or (is_self and names_in(fact.text, speaker.name)):
+        return MemoryList.PERSONAL
+    return MemoryList.SERVER
+
+def _source(
+    fact: RawFact, day: DayText, rows: list[dict[str, Any]], scores: np.ndarray | None, claimed: Speaker | None
+) -> tuple[Speaker | None, tuple[tuple[int, int, int], ...]]:
+    """The person whose own lines the fact comes from, and those lines (at most three), or (None, ()).
+
+    The closest line (cosine of the fact, names left out, with each line and clause) must reach GROUND_MIN and
+    belong to one person: when another person's line comes within GROUND_MARGIN, the model's `by` decides
+    between them, or nobody does. Without an embedder, the claimed speaker's lines sharing a content word."""
+    by_user = {s.user_id: s for s in day.speakers.values()}
+    if scores is None:
+        if claimed is None:
+            return None, ()
+        stems = content_stems(fact.text)
+        own = [i for i, row in enumerate(rows) if row["author_id"] == claimed.user_id and stems & content_stems(row["text"])]
+        return (claimed, _sources(rows, own)) if own else (None, ())
+    best: dict[int, float] = {}
+    for i, row in enumerate(rows):
+        best[row["author_id"]] = max(best.get(row["author_id"], -1.0), float(scores[i]))
+    ranked = sorted(best, key=lambda user: -best[user])
+    if not ranked or best[ranked[0]] < GROUND_MIN:
+        return None, ()
+    close = [user for user in ranked if best[user] >= best[ranked[0]] - GROUND_MARGIN]
+    if len(close) > 1:
+        if claimed is None or claimed.user_id not in close:
+            return None, ()
+        close = [claimed.user_id]
+    speaker = by_user.get(close[0])
+    if speaker is None:
+        return None, ()
+    own = sorted((i for i, row in enumerate(rows) if row["author_id"] == speaker.user_id), key=lambda i: -float(scores[i]))
+    return speaker, _sources(rows, [i for i in own if float(scores[i]) >= GROUND_MIN])
+
+def _replaced(fact: RawFact, speaker: Speaker, memory_list: MemoryList, day: DayText) -> Memory | None:
+    """The remembered memory the fact corrects: one shown to the model, of the same list (personal: the speaker's)."""
+    found = REF.search(fact.replaces or "")
+    memory = day.remembered.get(f"M{int(found.group(1))}") if found else None
+    if memory is None or memory.list != memory_list:
+        return None
+    if memory_list == MemoryList.PERSONAL and memory.owner_id != speaker.user_id:
+        return None
+    return memory
 
 
 ADDRESS = re.compile(r"^\s*(?:<@!?\d+>\s*,?|@?[^\W\d_][\w-]*\s*,)\s*")  # "Deskmate, ...", "<@123>, ..."
@@ -489,10 +505,20 @@ def _words(text: str) -> list[str]:
     return re.findall(r"\w+", text.casefold())
 
 
-def _tags_named(text: str, day: DayText) -> str:
-    """A fact with the day's speaker tags written as names: small models copy the tags ("P1 worked as a nurse")."""
+def _tags_named(text: str, day: DayText, speaker: Speaker) -> str:
+    """A fact with the day's speaker tags written as names: small models copy the tags ("P1 worked as a nurse"). A tag
+    that opens the fact stands for the person whose lines it comes from, whatever the tag (Qwen2.5-Coder 0.5B wrote
+    "P3 is allergic to penicillin" for Juno's P1): the lines decide. Any other tag is that speaker's name."""
+    opener = TAG.match(text.lstrip())
+    if opener is not None and opener.group(1).upper() != BOT_TAG:
+        text = speaker.name + text.lstrip()[opener.end() :]
     return TAG.sub(lambda found: day.speakers[found.group(1).upper()].name if found.group(1).upper() in day.speakers
                    else found.group(0), text)
+
+
+def _about_its_person(part: str, speaker: Speaker) -> bool:
+    """Whether a part of a fact says something about a person on its own: it names them, or speaks in the first person."""
+    return names_in(part, speaker.name) or first_person(part)
 
 
 def _names_another(text: str, speaker: Speaker, day: DayText) -> bool:
