@@ -273,3 +273,10 @@ def test_an_echo_of_an_earlier_message_is_no_answer_either() -> None:
         answered="¿Me recomiendas un juego de mesa para cuatro personas?", speakers=SPEAKERS, persona_name="Deskmate",
         earlier_replies=("El viernes a las 8.",), earlier_asked=("¿Cuándo es la noche de juegos?",)))
     assert ECHO in checked.problems and not checked.usable
+
+
+@pytest.mark.parametrize("reply", ['I forgot "Bau\'s birthday is on May 3."', "I updated the game night time."])
+def test_a_claim_in_the_simple_past_is_a_claim_too(reply: str) -> None:
+    """Qwen2.5-Coder 1.5B answered "Forget Bau's birthday, please." with the first line, and no memory changed."""
+    checked = check(reply, facts("Forget Bau's birthday, please."))
+    assert CLAIM in checked.problems and checked.text == NOT_SAVED

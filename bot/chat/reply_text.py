@@ -268,12 +268,14 @@ _CLAIMS: dict[str, tuple[re.Pattern[str], ...]] = {
     "updated": (
         re.compile(r"\bI(?:'ve| have)\s+(?:now\s+|just\s+|also\s+)?(?:updated|changed|corrected|edited)\b", re.IGNORECASE),
         re.compile(r"\bI(?:'ll| will)\s+(?:now\s+)?(?:update|correct)\b", re.IGNORECASE),
+        re.compile(r"\bI\s+(?:just\s+|also\s+)?(?:updated|corrected)\b", re.IGNORECASE),
         re.compile(r"\b(?:memory|note)\s+(?:has been|was|is now)\s+(?:updated|changed|corrected)\b", re.IGNORECASE),
         re.compile(r"(?<!no )\bhe\s+(?:actualizado|cambiado|corregido)\b|\bactualizaré\b", re.IGNORECASE),
     ),
     "forgotten": (
         re.compile(r"\bI(?:'ve| have)\s+(?:now\s+|just\s+|also\s+)?(?:forgotten|deleted|removed|erased)\b", re.IGNORECASE),
         re.compile(r"\bI(?:'ll| will)\s+(?:now\s+)?(?:forget|delete|remove|erase)\b", re.IGNORECASE),
+        re.compile(r"\bI\s+(?:just\s+|also\s+)?(?:forgot|deleted|removed|erased)\b", re.IGNORECASE),
         re.compile(r"\b(?:memory|note)\s+(?:has been|was|is now)\s+(?:deleted|removed|forgotten|erased)\b", re.IGNORECASE),
         re.compile(r"(?<!no )\bhe\s+(?:olvidado|borrado|eliminado)\b|\b(?:olvidaré|borraré)\b", re.IGNORECASE),
     ),
