@@ -280,3 +280,17 @@ def test_a_claim_in_the_simple_past_is_a_claim_too(reply: str) -> None:
     """Qwen2.5-Coder 1.5B answered "Forget Bau's birthday, please." with the first line, and no memory changed."""
     checked = check(reply, facts("Forget Bau's birthday, please."))
     assert CLAIM in checked.problems and checked.text == NOT_SAVED
+
+
+@pytest.mark.parametrize(
+    ("reply", "left"),
+    [
+        ('{"args": }', ""),
+        ('{"args": {"message": "La noche de juegos es el viernes a las 8 pm.", "time": "2026-01-02 12:07 UTC"}}',
+         "La noche de juegos es el viernes a las 8 pm."),
+    ],
+)
+def test_a_reply_that_is_one_json_object_is_never_posted_as_json(reply: str, left: str) -> None:
+    """Qwen2.5-Coder 0.5B answered two turns with a JSON object of its own making."""
+    checked = check(reply, facts("¿Cuándo es la noche de juegos?"))
+    assert checked.text == left and TOOL_WORDING in checked.problems

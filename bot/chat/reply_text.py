@@ -216,18 +216,26 @@ def _looks_like_code(text: str) -> bool:
 # A memory line or tool result the model copied as its answer: {"id": 4, "text": "..."} and the like.
 _DATA_OBJECT = re.compile(r'\{[^{}\n]{0,2000}?"(?:id|text|list|about|memory_id|ok|error)"\s*:[^{}\n]{0,2000}\}')
 
+_ANSWER_KEYS = ("text", "message", "content", "answer", "reply", "response")
+
+
 def _lone_text_object(text: str) -> str | None:
-    """The `text` of a reply that is nothing but one JSON object with a text field (and no call in it)."""
+    """What may be posted of a reply that is nothing but one JSON object (no call in it): its answer text (`text`,
+    `message`, ... at the top or one level down: {"args": {"message": "..."}}), or "" when it has none or does not
+    parse ('{"args": }'). None when the reply is something else."""
     if not (text.startswith("{") and text.endswith("}")) or len(text) > 4_000:
         return None
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
-        return None
+        return "" if re.match(r'\{\s*"', text) else None
     if not isinstance(value, dict) or "name" in value:
         return None
-    inner = value.get("text")
-    return inner.strip() if isinstance(inner, str) else None
+    for layer in (value, *(inner for inner in value.values() if isinstance(inner, dict))):
+        for key in _ANSWER_KEYS:
+            if isinstance(layer.get(key), str):
+                return str(layer[key]).strip()
+    return ""
 
 
 _FENCED = re.compile(r"\A\s*`{3,}[\w+.#-]*[ \t]*\n?(.*?)\n?[ \t]*`{3,}\s*\Z", re.DOTALL)  # one whole block
