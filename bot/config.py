@@ -91,6 +91,7 @@ class Settings:
     chat_max_output_tokens: int = 800
     chat_timeout_s: float = 60.0
     replies_first: str = "auto"  # summaries and notes wait while a reply is in flight or queued (see bot.chat.model)
+    chat_rewarm: bool = True  # after background work on a shared server, the last reply's prompt is cached again
     chat_context_tokens: int = 32_000
     memory_token_budget: int = 4_000
     tail_reserve: float = 0.5  # share of MEMORY_TOKEN_BUDGET kept for the tail (this reply's matches)
@@ -387,6 +388,7 @@ def load_settings(env: Mapping[str, str] | None = None, dotenv_path: str | os.Pa
         chat_max_output_tokens=_int(merged, "CHAT_MAX_OUTPUT_TOKENS", 800, 16, 128_000),
         chat_timeout_s=_float(merged, "CHAT_TIMEOUT_S", 60.0, 1.0, 600.0),
         replies_first=_choice(merged, "REPLIES_FIRST", "auto", REPLIES_FIRST_MODES),
+        chat_rewarm=_bool(merged, "CHAT_REWARM", True),
         chat_context_tokens=_int(merged, "CHAT_CONTEXT_TOKENS", 32_000, 2_048, 10_000_000),
         memory_token_budget=_int(merged, "MEMORY_TOKEN_BUDGET", 4_000, 0, 10_000_000),
         tail_reserve=_float(merged, "TAIL_RESERVE", 0.5, 0.0, 0.9),

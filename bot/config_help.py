@@ -54,6 +54,8 @@ SECTIONS: tuple[Section, ...] = (
             "apologises briefly; what the tools already did stays done.",
             "REPLIES_FIRST": "Day summaries and notes wait for replies on the chat model's server (one-slot servers). "
             "`auto`: on when they share a local server; `on`; `off`.",
+            "CHAT_REWARM": "Where REPLIES_FIRST is on: after background work the last reply's prompt is sent again for "
+            "one token, so the server's cache holds the chat again (`true`/`false`).",
             "CHAT_CONTEXT_TOKENS": "The model's context: the prompt plus the reserved answer never exceed it. "
             "Over it, the oldest messages go first, then recalled items, never the message being answered.",
             "CONTEXT_MESSAGES": "Recent messages of the channel in every prompt; their authors are the "

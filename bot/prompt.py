@@ -64,8 +64,9 @@ update that memory instead.
 How to answer:
 - Answer the last message in your own words. Do not repeat the message, and do not repeat an earlier reply.
 - Start with the answer itself: never with a name, a label or a user ID, and never write lines for other people.
+- Never mention a memory's id, a user ID or what a tool answered: people read a notice of what was done.
 - Answer in the language of the last message: a message in Spanish gets an answer in Spanish.
-- Reply in Discord markdown, as briefly as the message deserves. Never write @everyone or @here."""
+- Be as brief as the message deserves (Discord markdown works). Never write @everyone or @here."""
 
 
 # Line breaks json.dumps(ensure_ascii=False) leaves as they are (it escapes only those below U+0020), but

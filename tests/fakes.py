@@ -83,9 +83,11 @@ class FakeChatServer:
         self.default_text = default_text
         self.responder = responder  # with the script empty: the answer's text made from the request body
         # Channel summaries default to the chat endpoint and run in the background: unless a test serves them
-        # on their own server, they are answered aside (`summary_requests`), never from the script.
+        # on their own server, they are answered aside (`summary_requests`), never from the script. So is the
+        # one-token re-warm of the chat's prompt that follows them (`warm_requests`).
         self.summaries_aside = summaries_aside
         self.summary_requests: list[dict[str, Any]] = []
+        self.warm_requests: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
         self.script: deque[ScriptStep] = deque()
         self.in_flight = 0
@@ -174,6 +176,9 @@ class FakeChatServer:
         if self.summaries_aside and is_summary_request(body):
             self.summary_requests.append(body)
             return self._completion(body, {"role": "assistant", "content": plain_summary(body)}, "stop")
+        if self.summaries_aside and is_warm_request(body):
+            self.warm_requests.append(body)
+            return self._completion(body, {"role": "assistant", "content": "."}, "length")
         self.requests.append(body)
         gate = self._gate
         if gate is not None:
@@ -234,6 +239,11 @@ class FakeChatServer:
 def is_summary_request(body: dict[str, Any]) -> bool:
     messages = body.get("messages") or [{}]
     return str(messages[0].get("content") or "") in SUMMARY_INSTRUCTIONS
+
+
+def is_warm_request(body: dict[str, Any]) -> bool:
+    """The chat model's re-warm after background work: its last reply's request, for one token."""
+    return body.get("max_tokens") == 1 or body.get("max_completion_tokens") == 1
 
 
 def plain_summary(body: dict[str, Any]) -> str:

@@ -96,3 +96,69 @@ async def test_a_summary_waits_while_a_reply_is_in_flight(services: Services, sh
 )
 def test_replies_first_is_on_where_a_shared_local_server_needs_it(values: dict[str, str], expected: bool) -> None:
     assert replies_first(Settings(chat_model="m").with_overrides(**values)) is expected
+
+
+async def _services(make_core: MakeCore, server: FakeChatServer, **values: object) -> Services:
+    core = await make_core(chat_base_url=server.base_url, chat_model="fake-model", chat_timeout_s=10.0,
+                           summary_timeout_s=10.0, **values)
+    built = build_services(core, bot_user_id=BOT)
+    await built.pipeline.servers.sync_default_persona()
+    return built
+
+
+async def test_after_a_summary_the_chats_prompt_is_cached_again_with_a_one_token_request(
+    services: Services, shared: FakeChatServer, clock: object
+) -> None:
+    """A one-slot server keeps one prompt: the day's summary evicts the chat's, so the next reply would read it whole.
+    Once the background work is done, the last reply's request goes out again for one token."""
+    shared.text("Friday at 8.")
+    await services.pipeline.reply(message(JUNO, "when is game night?", clock=clock))  # type: ignore[arg-type]
+    [reply_request] = shared.requests
+    shared.text(SUMMARY).text(".")
+    await services.summaries.writer.day("Chat of Tue 2026-11-03", ["Juno: when is game night?"])
+    await wait_for(lambda: services.model.gate.warmed == 1)
+    assert [is_summary_request(body) for body in shared.requests] == [False, True, False]
+    warm = shared.requests[-1]
+    assert warm["messages"] == reply_request["messages"] and warm["tools"] == reply_request["tools"]
+    assert warm["max_tokens"] == 1
+
+
+async def test_a_reply_that_comes_during_the_rewarm_stops_it_and_it_is_not_made_again(
+    services: Services, shared: FakeChatServer, clock: object
+) -> None:
+    shared.text("Friday at 8.")
+    await services.pipeline.reply(message(JUNO, "when is game night?", clock=clock))  # type: ignore[arg-type]
+    shared.text(SUMMARY).stall(30, ".")  # the re-warm holds the server...
+    await services.summaries.writer.day("Chat of Tue 2026-11-03", ["Juno: when is game night?"])
+    await wait_for(lambda: shared.in_flight == 1)
+    shared.text("Still Friday at 8.")
+    async with asyncio.timeout(8):  # ...until a reply comes: it does not wait for the re-warm
+        outcome = await services.pipeline.reply(message(JUNO, "and again?", clock=clock))  # type: ignore[arg-type]
+    assert outcome.chunks == ["Still Friday at 8."]
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert len(shared.requests) == 4 and services.model.gate.warmed == 0
+    assert services.model.gate.stopped == 0  # no background work was stopped: nothing to make again
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"chat_rewarm": False}, {"replies_first": "off"}],
+    ids=["CHAT_REWARM=false", "no-shared-one-slot-server"],
+)
+async def test_no_rewarm_when_it_is_off_or_the_server_is_not_shared(
+    make_core: MakeCore, shared: FakeChatServer, clock: object, values: dict[str, object]
+) -> None:
+    built = await _services(make_core, shared, **values)
+    try:
+        shared.text("Friday at 8.")
+        await built.pipeline.reply(message(JUNO, "when is game night?", clock=clock))  # type: ignore[arg-type]
+        shared.text(SUMMARY)
+        await built.summaries.writer.day("Chat of Tue 2026-11-03", ["Juno: when is game night?"])
+        for _ in range(20):  # the re-warm has every chance to go out; it must not
+            await asyncio.sleep(0.01)
+        assert [is_summary_request(body) for body in shared.requests] == [False, True]
+        assert built.model.gate.warmed == 0
+    finally:
+        await built.pipeline.model.close()
+        await built.summaries.close()

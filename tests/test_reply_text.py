@@ -17,6 +17,7 @@ from bot.chat.reply_text import (
     EMPTY,
     FENCE,
     LABEL,
+    LEAD_IN,
     NOT_SAVED,
     NOT_SAVED_ES,
     REPEAT,
@@ -136,10 +137,20 @@ def test_an_echo_of_the_message_is_not_usable(answered: str, reply: str) -> None
 
 
 def test_a_repeat_of_an_earlier_reply_is_not_usable_but_a_short_one_may_come_twice() -> None:
-    earlier = ("There is no memory #2 in this conversation; use an id shown with a memory.", "Thanks!")
-    assert REPEAT in check("Noted: There is no memory #2 in this conversation; use an id shown with a memory.",
-                           facts("when is game night again?", earlier=earlier)).problems
+    earlier = ("Game night is every Friday at 8pm, at Bau's place.", "Thanks!")
+    assert REPEAT in check("Noted: Game night is every Friday at 8pm, at Bau's place.",
+                           facts("can you recommend a good sci-fi novel?", earlier=earlier)).problems
+    refusal = check("Noted: There is no memory #2 in this conversation; use an id shown with a memory.", facts())
+    assert TOOL_WORDING in refusal.problems and not refusal.usable  # a tool's refusal, retold
     assert check("Thanks!", facts("here you go", earlier=earlier)).usable
+
+
+def test_a_repeat_behind_the_line_saying_nothing_was_saved_is_still_a_repeat() -> None:
+    """The claim goes and the bot's line comes in its place: what is left of the model's answer is compared."""
+    earlier = ("Have a good one, Rin! Your birthday is coming soon.",)
+    checked = check("I've saved a memory about your birthday. Have a good one, Rin! Your birthday is coming soon.",
+                    facts("Can you recommend a board game?", earlier=earlier))
+    assert CLAIM in checked.problems and REPEAT in checked.problems and not checked.usable
 
 
 def test_an_ordinary_answer_passes_unchanged() -> None:
@@ -207,3 +218,79 @@ def test_an_answer_written_as_a_memory_line_is_unwrapped() -> None:
 def test_json_cut_short_by_the_output_limit_is_not_posted(reply: str) -> None:
     checked = check(reply, facts("¿Cuándo es la noche de juegos?"))
     assert checked.text == "" and TOOL_WORDING in checked.problems and not checked.usable
+
+
+@pytest.mark.parametrize(
+    ("reply", "left"),
+    [
+        ("Sure, here's my reply in Markdown:", ""),
+        ("Here's my reply in Markdown:\n\n\"Dune\" by Frank Herbert is a classic.", "\"Dune\" by Frank Herbert is a classic."),
+        ("Sure, here's my sci-fi novel recommendation:\n\nTry \"Dune\".", "Try \"Dune\"."),
+    ],
+)
+def test_a_lead_in_that_only_says_an_answer_follows_goes(reply: str, left: str) -> None:
+    """Qwen2.5-Coder 0.5B wrote the instructions' words in front of its answer, then copied them into every later
+    reply; with them gone, a reply that repeats an earlier one in other words is seen as the repeat it is."""
+    checked = check(reply, facts("Can you recommend a good sci-fi novel?"))
+    assert checked.text == left and LEAD_IN in checked.problems
+    assert checked.usable is bool(left)
+
+
+@pytest.mark.parametrize(
+    ("reply", "left"),
+    [
+        ('```json\n{\n    "id": 3,\n    "text": "The capital of France is Paris."\n}\n```', "The capital of France is Paris."),
+        ("<tool_response> </tool_response>", ""),
+        ('<tool_response>\n{"ok": true}\n</tool_response>\nDone!', "Done!"),
+    ],
+)
+def test_a_memory_line_in_a_json_block_and_tool_response_tags_are_not_posted(reply: str, left: str) -> None:
+    """Qwen2.5-Coder 0.5B answered in ```json memory lines, then copied that format; 1.5B posted the tool result's
+    tags of its chat template."""
+    checked = check(reply, facts("What's the capital of France?"))
+    assert checked.text == left and TOOL_WORDING in checked.problems
+
+
+def test_a_fact_said_again_to_the_question_it_answers_is_no_repeat() -> None:
+    """Qwen2.5-Coder 1.5B confirmed a save with "Juno's cat is called Mochi." and gave the same sentence when asked
+    for the cat's name a day later: the right answer, not a loop (it was replaced by the honest sentence)."""
+    earlier = ("Juno's cat is called Mochi.", "Paris")
+    assert check("Juno's cat is called Mochi.", facts("Do you remember my cat's name?", earlier=earlier)).usable
+    looped = check("Juno's cat is called Mochi.", facts("Can you recommend a good sci-fi novel?", earlier=earlier))
+    assert REPEAT in looped.problems and not looped.usable
+
+
+@pytest.mark.parametrize("reply", ["Rin.", "¡Juno!", "**Bau**", "Deskmate"])
+def test_a_name_and_nothing_else_is_no_answer(reply: str) -> None:
+    """Qwen2.5-Coder 0.5B answered "Rin.", then "Bau.", then "Juno." (each copying the one before)."""
+    checked = check(reply, facts("Can you recommend a good sci-fi novel?"))
+    assert checked.text == "" and LABEL in checked.problems and not checked.usable
+
+
+def test_an_echo_of_an_earlier_message_is_no_answer_either() -> None:
+    """Qwen2.5-Coder 0.5B answered Juno's board-game question with Rin's earlier "¿Cuándo es la noche de juegos?"."""
+    checked = check("¿Cuándo es la noche de juegos?", ReplyFacts(
+        answered="¿Me recomiendas un juego de mesa para cuatro personas?", speakers=SPEAKERS, persona_name="Deskmate",
+        earlier_replies=("El viernes a las 8.",), earlier_asked=("¿Cuándo es la noche de juegos?",)))
+    assert ECHO in checked.problems and not checked.usable
+
+
+@pytest.mark.parametrize("reply", ['I forgot "Bau\'s birthday is on May 3."', "I updated the game night time."])
+def test_a_claim_in_the_simple_past_is_a_claim_too(reply: str) -> None:
+    """Qwen2.5-Coder 1.5B answered "Forget Bau's birthday, please." with the first line, and no memory changed."""
+    checked = check(reply, facts("Forget Bau's birthday, please."))
+    assert CLAIM in checked.problems and checked.text == NOT_SAVED
+
+
+@pytest.mark.parametrize(
+    ("reply", "left"),
+    [
+        ('{"args": }', ""),
+        ('{"args": {"message": "La noche de juegos es el viernes a las 8 pm.", "time": "2026-01-02 12:07 UTC"}}',
+         "La noche de juegos es el viernes a las 8 pm."),
+    ],
+)
+def test_a_reply_that_is_one_json_object_is_never_posted_as_json(reply: str, left: str) -> None:
+    """Qwen2.5-Coder 0.5B answered two turns with a JSON object of its own making."""
+    checked = check(reply, facts("¿Cuándo es la noche de juegos?"))
+    assert checked.text == left and TOOL_WORDING in checked.problems

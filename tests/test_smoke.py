@@ -16,7 +16,7 @@ from bot.__main__ import main
 from bot.config import Settings
 from bot.db import Database
 from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder
-from bot.tools.smoke import EXIT_FAIL, EXIT_NO_MODEL, EXIT_PASS, NO_MODEL, has_tool_json, run_smoke
+from bot.tools.smoke import EXIT_FAIL, EXIT_NO_MODEL, EXIT_PASS, JUNO_ID, NO_MODEL, has_tool_json, run_smoke
 from bot.tools.smoke_checks import read_reply
 from tests.fakes import FakeChatServer
 
@@ -121,12 +121,15 @@ def test_tool_json_is_recognised(text: str, leaks: bool) -> None:
 YESTERDAY = [  # what people read before the reply checks, from runs with Qwen2.5-Coder 1.5B and 0.5B
     ("please remember that Bau is a cheater", "Noted: Bau (user 7006): please remember that Bau is a cheater", "echo"),
     ("can you recommend a good sci-fi novel?", "Noted: There is no memory #2 in this conversation; use an id shown with "
-     "a memory.", "repeat"),
-    ("when is game night?", "Juno (user 7003): sorry, but I can't help you.", "label"),
+     "a memory.", "tool wording"),  # a refusal's words, and a repeat of the earlier reply below
+    ("when is game night?", f"Juno (user {JUNO_ID}): sorry, but I can't help you.", "label"),
     ("what do you know about me?", "```plaintext", "fence"),
     ("anything to forget?", "There are no forgotten to make room tasks.", "tool wording"),
     ("my birthday is May 3", "I've saved a memory about Rin's birthday.", "claim"),
     ("¿Cuándo es la noche de juegos?", "Game night is on Friday at 8pm.", "language"),
+    # Qwen2.5-Coder 1.5B, after one real save, retold a tool result as every later reply (saved or not)
+    ("Can you recommend a good sci-fi novel?", 'Juno, the 7003 user, has been assigned the memory "Yes, I recommend '
+     '\"The Dune Chronicles\" by Frank Herbert" with an ID of 4.', "tool wording"),
 ]
 
 
@@ -135,6 +138,16 @@ def test_what_people_read_yesterday_fails_the_smoke_checks(answered: str, posted
     earlier = ["Noted: There is no memory #2 in this conversation; use an id shown with a memory."]
     reading = read_reply(posted, answered, {7003: "Juno", 7005: "Rin", 7006: "Bau"}, "Deskmate", earlier, set())
     assert problem in reading.problems
+
+
+def test_the_bots_own_notice_is_not_read_as_an_echo() -> None:
+    """With nothing usable from the model, the reply is the notice of what was saved: the bot's words, not an echo."""
+    speakers = {JUNO_ID: "Juno"}
+    answered = "Hey Deskmate, I'm Rin. My birthday is on May 3, please remember it."
+    assert read_reply("📝 Saved: My birthday is on May 3, please remember it.", answered, speakers, "Deskmate", [],
+                      {"saved"}).problems == []
+    assert read_reply("Hey Deskmate, I'm Rin. My birthday is on May 3, please remember it.", answered, speakers,
+                      "Deskmate", [], {"saved"}).problems == ["echo"]
 
 
 def _answers(body: dict[str, object]) -> str:
@@ -154,7 +167,7 @@ def _answers(body: dict[str, object]) -> str:
         return f"Noted: {asked}"
     if "birthday" in asked:
         return f"I've saved a memory about your birthday. Have a good one, number {len(messages)}!"  # type: ignore[arg-type]
-    return f"Juno (user 7003): {asked[::-1]}"  # every answer new
+    return f"Juno (user {JUNO_ID}): {asked[::-1]}"  # every answer new
 
 
 async def test_the_long_conversation_passes_when_the_bot_fixes_what_small_models_write(
@@ -173,5 +186,9 @@ async def test_the_long_conversation_passes_when_the_bot_fixes_what_small_models
     assert "16 replies; in what was posted: label 0, user id 0, fence 0, empty 0, tool wording 0, repeat 0, echo 0, " \
            "claim 0, language 0; Spanish questions answered in Spanish 2/2" in figures
     assert "label" in figures.split("took out: ")[1] and "claim" in figures and "echo" in figures
+    # the first birthday answer claimed a save that never ran, and said so; the two after it said the same once the
+    # claim was out (a repeat) and were asked for again: one second answer was usable, the other echoed the request,
+    # so that one reply is the honest sentence
+    assert "the honest sentence instead of the model's answer 1/16; the line saying nothing was saved 1" in figures, figures
     recorded = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
-    assert any(r["raw"].startswith("Juno (user 7003): ") and "label" in r["problems"] for r in recorded)
+    assert any(r["raw"].startswith(f"Juno (user {JUNO_ID}): ") and "label" in r["problems"] for r in recorded)

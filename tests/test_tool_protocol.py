@@ -435,6 +435,14 @@ HOSTILE: list[Any] = [
     pytest.param(
         "save_memory", {"text": "Juno likes tea", "list": "personal", "about_user": "Juno"}, None, id="about_user-the-author"
     ),
+    # the 0.5B model in the smoke runs: the person's own words saved as a server memory, or both lists at once;
+    # either is the person's own fact, never a note the whole server reads
+    pytest.param("save_memory", {"text": "My cat is called Mochi", "list": ["server"]}, None, id="server-in-first-person"),
+    pytest.param(
+        "save_memory", {"text": "Juno collects vinyl records", "list": ["server", "personal"]}, None, id="both-lists"
+    ),
+    pytest.param("save_memory", {"text": "Juno plays the cello"}, None, id="no-list"),
+    pytest.param("save_memory", {"text": "Pixel is Juno's dog", "list": ["server"]}, None, id="server-naming-the-author"),
 ]
 
 

@@ -184,6 +184,10 @@ class ModelGate:
         self._running: asyncio.Future[Any] | None = None
         self._stopped: asyncio.Future[Any] | None = None
         self.stopped = 0  # background calls stopped for a reply (then started again)
+        self.after_background: Callable[[], Awaitable[object]] | None = None  # the re-warm (CHAT_REWARM)
+        self._background = 0  # background calls waiting or running
+        self._warming: asyncio.Task[None] | None = None
+        self.warmed = 0  # re-warm requests that finished
 
     @property
     def replies_waiting(self) -> int:
@@ -214,20 +218,62 @@ class ModelGate:
         reply stopped it. Its own timeout belongs inside `call`, so waiting here never counts against it."""
         if not self.enabled:
             return await call()
+        self._background += 1
+        try:
+            async with self._turn:
+                while True:
+                    await self._idle.wait()
+                    task = asyncio.ensure_future(call())
+                    self._running = task
+                    try:
+                        return await task
+                    except asyncio.CancelledError:
+                        if not self._stopped_for_reply(task):
+                            raise
+                        log.info("Background model work stopped for a reply; it starts again once the replies are done")
+                    finally:
+                        self._running = None
+        finally:
+            self._background -= 1
+            if self._background == 0 and self.after_background is not None:
+                self._warm_soon()
+
+    def _stopped_for_reply(self, task: asyncio.Future[Any]) -> bool:
+        current = asyncio.current_task()
+        return self._stopped is task and not (current is not None and current.cancelling())
+
+    def _warm_soon(self) -> None:
+        if self._warming is None or self._warming.done():
+            self._warming = asyncio.get_running_loop().create_task(self._warm())
+
+    async def _warm(self) -> None:
+        """After the last background call: the re-warm, while no reply is in flight. A reply that comes meanwhile
+        stops it for good: the reply's own request puts its prompt in the server's cache."""
+        warm = self.after_background
         async with self._turn:
-            while True:
-                await self._idle.wait()
-                task = asyncio.ensure_future(call())
-                self._running = task
-                try:
-                    return await task
-                except asyncio.CancelledError:
-                    current = asyncio.current_task()
-                    if self._stopped is not task or (current is not None and current.cancelling()):
-                        raise
-                    log.info("Background model work stopped for a reply; it starts again once the replies are done")
-                finally:
-                    self._running = None
+            await self._idle.wait()
+            if warm is None or self._background:  # more background work came: warm after that
+                return
+            task = asyncio.ensure_future(warm())
+            self._running = task
+            try:
+                await task
+                self.warmed += 1
+            except asyncio.CancelledError:
+                if not self._stopped_for_reply(task):
+                    raise
+                self.stopped -= 1  # not background work to make again: nothing was lost
+            except Exception as exc:  # a failed re-warm costs the next reply its cached prompt, nothing else
+                log.warning("Re-warming the chat model's prompt cache failed: %s", redact(f"{type(exc).__name__}: {exc}"))
+            finally:
+                self._running = None
+
+    async def close(self) -> None:
+        """Stop a re-warm in progress (the client it uses is closing)."""
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._warming
 
 
 def output_limit_name(base_url: str) -> str:
@@ -249,6 +295,9 @@ class ChatModel:
         self.tools = tools
         self._client = client
         self.gate = gate or ModelGate(enabled=False)
+        self._warm_request: dict[str, Any] | None = None  # the last reply's first request, for the re-warm
+        if settings.chat_rewarm:
+            self.gate.after_background = self.rewarm
 
     @property
     def configured(self) -> bool:
@@ -274,8 +323,21 @@ class ChatModel:
         return self._client
 
     async def close(self) -> None:
+        await self.gate.close()
         if self._client is not None:
             await self._client.close()
+
+    async def rewarm(self) -> None:
+        """The last reply's first request again, for one token: a one-slot server (llama.cpp) keeps one prompt in its
+        cache, and a day summary or the notes evict the chat's. Sent after them (`ModelGate`), it puts the chat's
+        prompt back (the instructions, persona, desk and history: all but the last message are what the next reply
+        in that channel starts with), so the next reply reads only what is new instead of the whole prompt."""
+        request = self._warm_request
+        if request is None:
+            return
+        body = {**request, output_limit_name(self.settings.chat_base_url): 1}
+        async with asyncio.timeout(self.settings.chat_timeout_s):
+            await self.chat_completion(body)
 
     def _completion_kwargs(self) -> dict[str, Any]:
         """OpenAI's own API wants max_completion_tokens; compatible servers widely take max_tokens."""
@@ -288,6 +350,8 @@ class ChatModel:
     async def converse(self, prompt: Prompt, tools: list[dict[str, Any]], context: ToolContext) -> Answer:
         """Chat-model rounds: the reply's text, rounds used, and an error or None. CHAT_TIMEOUT_S covers them all."""
         state = _Rounds(messages=list(prompt.messages), tokens=prompt.tokens.total, history_left=len(prompt.history_ids))
+        first: dict[str, Any] = {**self._completion_kwargs(), "messages": list(prompt.messages)}
+        self._warm_request = {**first, "tools": tools} if tools and self.settings.max_tool_rounds else first  # as sent
         try:
             async with self.gate.reply(), asyncio.timeout(self.settings.chat_timeout_s):
                 text, error = await self._converse(prompt, tools, context, state)

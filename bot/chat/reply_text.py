@@ -7,7 +7,8 @@ once more. So every reply passes `check` before it is posted:
 
 - a speaker label or user id of anyone in the conversation at its start is cut, and so is a transcript
   the model went on writing for other speakers, and a `(user 123)` id anywhere;
-- a lone fence, or a plain-text answer wrapped in one, loses the fence;
+- a lone fence, or a plain-text answer wrapped in one, loses the fence; so does a lead-in ("Sure, here's my reply
+  in Markdown:") that only says an answer follows;
 - a sentence in tool wording (`memory_id`, "forgotten to make room") goes, and so does a memory line or tool
   result the model copied (`{"id": 4, "text": "..."}`; when that is the whole reply, its text is the answer);
 - a sentence saying a memory was saved, changed or forgotten when no such change ran in this reply goes,
@@ -43,8 +44,8 @@ NOT_SAVED_ES = "(No he guardado nada en mi memoria en esta respuesta.)"
 NOTICE_MARKS = ("📝", "✏️", "🗑️", "📦", "⚠️", "🗒️")  # the first character of every notice line the bot writes
 
 # Problems `check` reports (the receipts count them; `make smoke` fails on the ones that reach people).
-LABEL, USER_ID, FENCE, TOOL_WORDING, CLAIM, ECHO, REPEAT, EMPTY, LANGUAGE = (
-    "label", "user id", "fence", "tool wording", "claim", "echo", "repeat", "empty", "language"
+LABEL, USER_ID, FENCE, TOOL_WORDING, CLAIM, ECHO, REPEAT, EMPTY, LANGUAGE, LEAD_IN = (
+    "label", "user id", "fence", "tool wording", "claim", "echo", "repeat", "empty", "language", "lead-in"
 )
 UNUSABLE = frozenset({ECHO, REPEAT, EMPTY})
 
@@ -166,6 +167,23 @@ def _strip_labels(text: str, facts: ReplyFacts, problems: list[str]) -> str:
     return without_ids
 
 
+# --- lead-ins -----------------------------------------------------------------------------------------------
+
+# "Sure, here's my reply in Markdown:" - the instructions' words about the answer, in front of it (or instead of it)
+_LEAD_IN = re.compile(
+    r"^\s*(?:(?:sure|ok(?:ay)?|of course|certainly|claro)[,!.]?\s*)?here(?:'s| is| are)\s+(?:my|the|a|an|your)\s+"
+    r"(?:[\w-]+\s+){0,4}?(?:reply|answer|response|recommendation|message)s?\b[^:\n]{0,40}:[ \t]*\n?",
+    re.IGNORECASE,
+)
+
+
+def _strip_lead_in(text: str, problems: list[str]) -> str:
+    without = _LEAD_IN.sub("", text, count=1)
+    if without != text:
+        problems.append(LEAD_IN)
+    return without
+
+
 # --- fences --------------------------------------------------------------------------------------------------
 
 
@@ -198,19 +216,29 @@ def _looks_like_code(text: str) -> bool:
 # A memory line or tool result the model copied as its answer: {"id": 4, "text": "..."} and the like.
 _DATA_OBJECT = re.compile(r'\{[^{}\n]{0,2000}?"(?:id|text|list|about|memory_id|ok|error)"\s*:[^{}\n]{0,2000}\}')
 
+_ANSWER_KEYS = ("text", "message", "content", "answer", "reply", "response")
+
+
 def _lone_text_object(text: str) -> str | None:
-    """The `text` of a reply that is nothing but one JSON object with a text field (and no call in it)."""
+    """What may be posted of a reply that is nothing but one JSON object (no call in it): its answer text (`text`,
+    `message`, ... at the top or one level down: {"args": {"message": "..."}}), or "" when it has none or does not
+    parse ('{"args": }'). None when the reply is something else."""
     if not (text.startswith("{") and text.endswith("}")) or len(text) > 4_000:
         return None
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
-        return None
+        return "" if re.match(r'\{\s*"', text) else None
     if not isinstance(value, dict) or "name" in value:
         return None
-    inner = value.get("text")
-    return inner.strip() if isinstance(inner, str) else None
+    for layer in (value, *(inner for inner in value.values() if isinstance(inner, dict))):
+        for key in _ANSWER_KEYS:
+            if isinstance(layer.get(key), str):
+                return str(layer[key]).strip()
+    return ""
 
+
+_FENCED = re.compile(r"\A\s*`{3,}[\w+.#-]*[ \t]*\n?(.*?)\n?[ \t]*`{3,}\s*\Z", re.DOTALL)  # one whole block
 
 # The same, cut short by the output limit: an object opened with a data key and never closed.
 _OPEN_DATA = re.compile(r'\{\s*"(?:name|id|text|list|about|memory_id|arguments|ok|error)"\s*:[^}]*\Z')
@@ -219,7 +247,10 @@ _SENTENCE = re.compile(r"[^.!?\n]*(?:[.!?]+[\"'”’)\]]*|\n|$)")
 _TOOL_WORDING = re.compile(
     r"\b(?:save_memory|update_memory|forget_memory|memory_id|forgotten_to_make_room|similar_memories|"
     r"already_remembered_as|about_user|tool_calls?|tool_choice|tool results?)\b|forgotten to make room|"
-    r"already remembered as|\bsimilar memories\b|<\s*/?\s*tool_call|\"(?:ok|error|hint|note)\"\s*:",
+    r"already remembered as|\bsimilar memories\b|<\s*/?\s*tool_(?:call|response|result)|\"(?:ok|error|hint|note)\"\s*:|"
+    # what a tool result says, retold: "has been assigned the memory ... with an ID of 2", "memory #4", "the 7005 user"
+    r"\bassigned (?:the |a |this )?memor(?:y|ies)\b|\bmemor(?:y|ies) (?:id|#)\s*\d|\b(?:with |con )(?:an? |the |el )?id\b"
+    r"(?: of| is| de)?\s*#?\d|\b\d{3,} user\b",
     re.IGNORECASE,
 )
 
@@ -245,12 +276,14 @@ _CLAIMS: dict[str, tuple[re.Pattern[str], ...]] = {
     "updated": (
         re.compile(r"\bI(?:'ve| have)\s+(?:now\s+|just\s+|also\s+)?(?:updated|changed|corrected|edited)\b", re.IGNORECASE),
         re.compile(r"\bI(?:'ll| will)\s+(?:now\s+)?(?:update|correct)\b", re.IGNORECASE),
+        re.compile(r"\bI\s+(?:just\s+|also\s+)?(?:updated|corrected)\b", re.IGNORECASE),
         re.compile(r"\b(?:memory|note)\s+(?:has been|was|is now)\s+(?:updated|changed|corrected)\b", re.IGNORECASE),
         re.compile(r"(?<!no )\bhe\s+(?:actualizado|cambiado|corregido)\b|\bactualizaré\b", re.IGNORECASE),
     ),
     "forgotten": (
         re.compile(r"\bI(?:'ve| have)\s+(?:now\s+|just\s+|also\s+)?(?:forgotten|deleted|removed|erased)\b", re.IGNORECASE),
         re.compile(r"\bI(?:'ll| will)\s+(?:now\s+)?(?:forget|delete|remove|erase)\b", re.IGNORECASE),
+        re.compile(r"\bI\s+(?:just\s+|also\s+)?(?:forgot|deleted|removed|erased)\b", re.IGNORECASE),
         re.compile(r"\b(?:memory|note)\s+(?:has been|was|is now)\s+(?:deleted|removed|forgotten|erased)\b", re.IGNORECASE),
         re.compile(r"(?<!no )\bhe\s+(?:olvidado|borrado|eliminado)\b|\b(?:olvidaré|borraré)\b", re.IGNORECASE),
     ),
@@ -322,11 +355,32 @@ def is_echo(reply: str, source: str) -> bool:
     return len(theirs) >= 20 and theirs in mine and len(mine) <= len(theirs) + 30
 
 
-def is_repeat(reply: str, earlier: Sequence[str], earlier_asked: Sequence[str] = (), answered: str = "") -> bool:
+_COMMON_WORDS = frozenset((
+    "the", "and", "you", "your", "are", "what", "when", "where", "who", "how", "why", "does", "did", "can", "could",
+    "please", "again", "now", "about", "that", "this", "with", "for", "have", "has", "was", "were", "will", "would",
+    "there", "their", "they", "them", "from", "not", "but", "all", "any", "some", "que", "por", "para", "una", "los",
+    "las", "del", "con", "thanks", "thank", "hey", "hello", "hola",
+))
+
+
+def _content_words(text: str, names: Collection[str]) -> set[str]:
+    skip = _COMMON_WORDS | {word for name in names for word in normalized(name).split()}
+    return {word for word in normalized(text).split() if len(word) >= 3 and word not in skip and not word.isdigit()}
+
+
+def answers_the_message(reply: str, answered: str, names: Collection[str] = ()) -> bool:
+    """The reply takes up what the message asks about (a word of it besides names and common words): saying a fact
+    again to the question it answers ("Do you remember my cat's name?" - "Juno's cat is called Mochi.") is no loop."""
+    return bool(_content_words(reply, names) & _content_words(answered.replace("'s", ""), names))
+
+
+def is_repeat(
+    reply: str, earlier: Sequence[str], earlier_asked: Sequence[str] = (), answered: str = "", names: Collection[str] = ()
+) -> bool:
     """The reply says again what an earlier reply said, to another question (the same question asked again may get
-    the same answer)."""
+    the same answer, and so may a question about what that reply said)."""
     mine = normalized(reply)
-    if len(mine) < REPEAT_MIN_CHARS:
+    if len(mine) < REPEAT_MIN_CHARS or (answered and answers_the_message(reply, answered, names)):
         return False
     question = normalized(answered)
     for number, before in enumerate(earlier):
@@ -336,6 +390,11 @@ def is_repeat(reply: str, earlier: Sequence[str], earlier_asked: Sequence[str] =
         if not (asked and question and _similar(asked, question) >= ECHO_RATIO):
             return True
     return False
+
+
+def _only_a_name(text: str, facts: ReplyFacts) -> bool:
+    names = {normalized(name) for name in (*facts.speakers.values(), facts.persona_name) if name.strip()}
+    return bool(text.strip()) and normalized(text) in names
 
 
 def _has_words(text: str) -> bool:
@@ -351,21 +410,27 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
     cleaned = _strip_labels(text.strip(), facts, problems)
     cleaned = _strip_fences(cleaned, problems).strip()
     cleaned = _strip_labels(cleaned, facts, problems).strip()  # a label inside the fence
-    inner = _lone_text_object(cleaned)
+    cleaned = _strip_fences(_strip_lead_in(cleaned, problems), problems).strip()  # "Here's my reply:" and its fence
+    fenced = _FENCED.match(cleaned)
+    inner = _lone_text_object(cleaned if fenced is None else fenced.group(1).strip())
     if inner is not None:  # the answer written as a memory line: {"id": 15, "text": "You're welcome, Juno!"}
-        problems.append(TOOL_WORDING)
+        problems += [TOOL_WORDING] if fenced is None else [FENCE, TOOL_WORDING]  # or one in a ```json block
         cleaned = inner
     without_data = _OPEN_DATA.sub("", _DATA_OBJECT.sub("", cleaned))
     if without_data != cleaned:
         problems.append(TOOL_WORDING)
         cleaned = without_data.strip()
     cleaned, _ = _drop_sentences(cleaned, facts, problems)
-    if not _has_words(cleaned):
+    if _only_a_name(cleaned, facts):  # "Rin." - a speaker's label with nothing after it
+        problems += [LABEL, EMPTY]
+        cleaned = ""
+    elif not _has_words(cleaned):
         problems.append(EMPTY)
         cleaned = ""
-    elif any(is_echo(cleaned, source) for source in (facts.answered, *facts.also_not)):
-        problems.append(ECHO)
-    elif is_repeat(cleaned, facts.earlier_replies, facts.earlier_asked, facts.answered):
+    elif any(is_echo(history_text(cleaned), source) for source in (facts.answered, *facts.also_not, *facts.earlier_asked)):
+        problems.append(ECHO)  # of this message or an earlier one; without the line saying nothing was saved (the bot's)
+    elif is_repeat(history_text(cleaned), facts.earlier_replies, facts.earlier_asked, facts.answered,
+                   (*facts.speakers.values(), facts.persona_name)):
         problems.append(REPEAT)
     elif looks_spanish(facts.answered) and not looks_spanish(cleaned):
         problems.append(LANGUAGE)  # usable, but worth one more try in the right language

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,15 @@ def _memory_id(arguments: dict[str, Any]) -> int:
     if memory_id is None:
         raise ToolCallError(f"memory_id must be the number shown with a memory, not {shown(arguments.get('memory_id'))}")
     return memory_id
+
+
+FIRST_PERSON = re.compile(r"\s*(?:my|i|i['’]m|i['’]ve|i['’]ll|i['’]d)\b", re.IGNORECASE)
+
+
+def _names(text: str, name: str) -> bool:
+    """Whether `text` names the person (their display name as a word: "Juno", "Juno's")."""
+    name = " ".join(name.split())
+    return len(name) >= 2 and re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.IGNORECASE) is not None
 
 
 def _about_user(value: object, context: ToolContext) -> int:
@@ -242,12 +252,12 @@ class MemoryTools:
         text = _text_argument(arguments, self.settings.memory_max_chars)
         raw_list = arguments.get("list")
         list_name = as_list_name(raw_list)
-        if list_name is None and isinstance(raw_list, list) and "personal" in raw_list and (
-            arguments.get("about_user") not in (None, "") or as_bool(arguments.get("global"))
-        ):  # ["server", "personal"] with a person named, or Global: only a personal memory has those
-            list_name = "personal"
-        if list_name == "server" and "personal" in context.lists and arguments.get("about_user") not in (None, ""):
-            list_name = "personal"  # a fact about one named person is a personal memory, whatever list was written
+        if (raw_list in (None, "") or (isinstance(raw_list, list) and "personal" in raw_list)) and list_name is None:
+            list_name = "personal"  # no list, or ["server", "personal"]: the narrower reach, never the server's by a guess
+        if list_name == "server" and "personal" in context.lists and (
+            arguments.get("about_user") not in (None, "") or FIRST_PERSON.match(text) or _names(text, context.message.author_name)
+        ):  # a fact about one named person, in the speaker's own words ("My cat is called Mochi") or naming the person
+            list_name = "personal"  # answered ("Mochi is Juno's cat"), is personal
         if list_name not in context.lists:
             raise ToolCallError(f"list must be one of: {', '.join(sorted(context.lists))}")
         memory_list = MemoryList(list_name)

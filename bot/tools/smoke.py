@@ -29,13 +29,14 @@ from bot import shutdown
 from bot.chat.messages import IncomingMessage
 from bot.chat.model import Answer, chat_configured
 from bot.chat.receipts import ReplyStatus
+from bot.chat.reply import ReplyOutcome
 from bot.chat.reply_text import history_text
 from bot.chat.tools import ToolContext
 from bot.clock import ManualClock
 from bot.config import Settings
 from bot.db import Database, throwaway_database
 from bot.embeddings.providers import Embedder
-from bot.memory.models import MemoryList
+from bot.memory.models import Memory, MemoryList
 from bot.services import Services, open_services
 from bot.tools.notes_report import day_notes_lines
 from bot.tools.smoke_checks import BAU, LONG_SCRIPT, RIN, AnswerRecorder, ReplyReading, Tally, read_reply
@@ -50,10 +51,11 @@ NO_MODEL = (
 BOT_USER_ID = 2
 GUILD_ID = 7_001
 CHANNEL_ID = 7_002
-JUNO_ID = 7_003
+# People get ids of Discord's size (18 digits): the reply checks tell an id from a number ("8pm", "May 3") by its length.
+JUNO_ID = 401_234_567_890_107_003
 JUNO = "Juno"
 LONG_CHANNEL_ID = 7_004
-PEOPLE = {JUNO: JUNO_ID, RIN: 7_005, BAU: 7_006}
+PEOPLE = {JUNO: JUNO_ID, RIN: 401_234_567_890_107_005, BAU: 401_234_567_890_107_006}
 
 # (days to move the clock forward before the turn, what Juno types)
 SCRIPT: tuple[tuple[int, str], ...] = (
@@ -195,51 +197,70 @@ async def run_smoke(
         run.persona = (await services.servers.persona(GUILD_ID)).name
         _record_calls(services, run.calls)
         _record_answers(services, run.raw)
-        where = settings.chat_base_url or "api.openai.com"
-        turns = len(SCRIPT) + (len(LONG_SCRIPT) if long else 0)
-        emit(f"Smoke test: {turns} turns ({len(SCRIPT)} as {JUNO}" + (", then three people over three days" if long else "")
-             + f") with {settings.chat_model} at {where}")
-        emit("(a throwaway database; the timing is the whole reply, tool rounds included)")
-        reports: list[TurnReport] = []
-        for days, text in SCRIPT:
-            reports.append(await run.turn(days, JUNO, text, CHANNEL_ID))
-        await _emit_day_summaries(services, emit)
-        if long:
-            emit("")
-            emit(f"A longer conversation in #game-night: {', '.join(PEOPLE)} over three chat days")
-            for days, author, text in LONG_SCRIPT:
-                reports.append(await run.turn(days, author, text, LONG_CHANNEL_ID))
+        _emit_header(settings, emit, long)
+        reports = await _converse(run, long)
         run.recorder.write()
         memories = await services.core.all_memories()
-        names = {user: name for name, user in PEOPLE.items()}
-        emit("")
-        emit(f"Memories stored: {len(memories)}")
-        for memory in memories:
-            about = f"about {names.get(memory.owner_id, memory.owner_id)}" if memory.owner_id else ""
-            scope = ", ".join(part for part in (memory.list.value, about) if part)
-            emit(f"  #{memory.id} [{scope}] {memory.text}")
-        remembered = any(
-            memory.list == MemoryList.PERSONAL and memory.owner_id == JUNO_ID and "mochi" in memory.text.casefold()
-            for memory in memories
-        )
-        leaks = [report.number for report in reports if report.tool_json]
-        times = [report.seconds for report in reports]
-        problems = []
-        if not remembered:
-            problems.append(f"no personal memory of {JUNO} mentions Mochi")
-        if leaks:
-            problems.append("tool JSON in the reply of turn " + ", ".join(str(n) for n in leaks))
-        if run.tally.failing_turns:
-            problems.append("what people read: " + "; ".join(run.tally.failing_turns))
-        emit(f"Figures: {run.tally.figures()}; background model calls stopped for a reply: {services.model.gate.stopped}")
-        summary = f"{len(memories)} {'memory' if len(memories) == 1 else 'memories'}, replies {min(times):.1f}-{max(times):.1f} s"
-        if problems:
-            emit(f"FAIL: {'; '.join(problems)} ({summary})")
-            return EXIT_FAIL
-        emit(f"PASS: a personal memory of {JUNO} mentions Mochi, no reply contained tool JSON, and nothing people read "
-             f"had a label, an id, a lone fence, tool wording, a repeat, an echo or a claimed save ({summary})")
-        return EXIT_PASS
+        _emit_memories(memories, emit)
+        return _verdict(run, reports, memories)
     raise AssertionError("unreachable")  # pragma: no cover - the exit stack never swallows the return
+
+
+def _emit_header(settings: Settings, emit: Callable[[str], None], long: bool) -> None:
+    where = settings.chat_base_url or "api.openai.com"
+    turns = len(SCRIPT) + (len(LONG_SCRIPT) if long else 0)
+    emit(f"Smoke test: {turns} turns ({len(SCRIPT)} as {JUNO}" + (", then three people over three days" if long else "")
+         + f") with {settings.chat_model} at {where}")
+    emit("(a throwaway database; the timing is the whole reply, tool rounds included)")
+
+
+async def _converse(run: _Run, long: bool) -> list[TurnReport]:
+    """Juno's four turns, the first day's summary, then (with `long`) the three people's conversation."""
+    reports = [await run.turn(days, JUNO, text, CHANNEL_ID) for days, text in SCRIPT]
+    await _emit_day_summaries(run.services, run.emit)
+    if long:
+        run.emit("")
+        run.emit(f"A longer conversation in #game-night: {', '.join(PEOPLE)} over three chat days")
+        for days, author, text in LONG_SCRIPT:
+            reports.append(await run.turn(days, author, text, LONG_CHANNEL_ID))
+    return reports
+
+
+def _emit_memories(memories: list[Memory], emit: Callable[[str], None]) -> None:
+    names = {user: name for name, user in PEOPLE.items()}
+    emit("")
+    emit(f"Memories stored: {len(memories)}")
+    for memory in memories:
+        about = f"about {names.get(memory.owner_id, memory.owner_id)}" if memory.owner_id else ""
+        scope = ", ".join(part for part in (memory.list.value, about) if part)
+        emit(f"  #{memory.id} [{scope}] {memory.text}")
+
+
+def _verdict(run: _Run, reports: list[TurnReport], memories: list[Memory]) -> int:
+    """The figures and the one-line verdict: Mochi remembered, no tool JSON, nothing wrong in what people read."""
+    emit = run.emit
+    remembered = any(
+        memory.list == MemoryList.PERSONAL and memory.owner_id == JUNO_ID and "mochi" in memory.text.casefold()
+        for memory in memories
+    )
+    leaks = [report.number for report in reports if report.tool_json]
+    times = [report.seconds for report in reports]
+    problems = []
+    if not remembered:
+        problems.append(f"no personal memory of {JUNO} mentions Mochi")
+    if leaks:
+        problems.append("tool JSON in the reply of turn " + ", ".join(str(n) for n in leaks))
+    if run.tally.failing_turns:
+        problems.append("what people read: " + "; ".join(run.tally.failing_turns))
+    emit(f"Figures: {run.tally.figures()}; background model calls stopped for a reply: {run.services.model.gate.stopped}; "
+         f"re-warms of the chat's prompt after them: {run.services.model.gate.warmed}")
+    summary = f"{len(memories)} {'memory' if len(memories) == 1 else 'memories'}, replies {min(times):.1f}-{max(times):.1f} s"
+    if problems:
+        emit(f"FAIL: {'; '.join(problems)} ({summary})")
+        return EXIT_FAIL
+    emit(f"PASS: a personal memory of {JUNO} mentions Mochi, no reply contained tool JSON, and nothing people read "
+         f"had a label, an id, a lone fence, tool wording, a repeat, an echo or a claimed save ({summary})")
+    return EXIT_PASS
 
 
 @dataclass
@@ -260,65 +281,76 @@ class _Run:
     message_id: int = 1_000
 
     async def turn(self, days: int, author: str, text: str, channel_id: int) -> TurnReport:
-        clock, emit, services = self.clock, self.emit, self.services
-        if days:
-            clock.current += timedelta(days=days)
-            emit(f"(the clock moves forward {days} day{'s' if days > 1 else ''}: it is now {clock.now():%Y-%m-%d})")
-        else:
-            clock.current += timedelta(minutes=1)
+        """One message that mentions the bot, its reply recorded as the bot's message, and what people would read."""
+        self._advance(days)
         self.number += 1
-        self.message_id += 1
-        author_id = PEOPLE[author]
-        incoming = IncomingMessage(
-            message_id=self.message_id,
-            channel_id=channel_id,
-            author_id=author_id,
-            author_name=author,
-            text=text,
-            created_at=clock.now(),
-            guild_id=GUILD_ID,
-            where=f'#{"general" if channel_id == CHANNEL_ID else "game-night"} in "smoke server"',
-        )
+        incoming = self._message(channel_id, PEOPLE[author], author, text)
         self.calls.clear()
         self.raw.clear()
         earlier, earlier_asked = list(self.posted.get(channel_id, [])), list(self.asked.get(channel_id, []))
         started = time.monotonic()
-        outcome = await services.chat.handle(incoming, mentions_bot=True)
+        outcome = await self.services.chat.handle(incoming, mentions_bot=True)
         seconds = time.monotonic() - started
         if outcome is None:  # cannot happen for a mention in a fresh server; say so rather than crash
             raise RuntimeError("the bot did not answer a message that mentions it")
         if outcome.status == ReplyStatus.REPLIED:
-            for chunk in outcome.chunks:  # the bot's own messages are part of the context window, as on Discord
-                self.message_id += 1
-                await services.chat.record(
-                    IncomingMessage(
-                        message_id=self.message_id,
-                        channel_id=channel_id,
-                        author_id=BOT_USER_ID,
-                        author_name=self.persona,
-                        text=chunk,
-                        created_at=clock.now(),
-                        guild_id=GUILD_ID,
-                        is_bot=True,
-                        reply_to=incoming.message_id,
-                    )
-                )
+            await self._post(outcome.chunks, incoming)
             shown = history_text(outcome.text)
             if shown:
                 self.posted.setdefault(channel_id, []).append(shown)
                 self.asked.setdefault(channel_id, []).append(text)
-        receipt = outcome.receipt
         speakers = {user: name for name, user in PEOPLE.items()}
         done = {change.kind.value for change in outcome.changes if change.kind.value != "rejected"}
         if any("already remember" in line for line in outcome.text.splitlines()):
             done.add("remembered")
         for raw in self.raw:
             self.recorder.add(f"turn{self.number}", raw, text, speakers, earlier, done, self.persona)
+        self.recorder.write()  # turn by turn: a run stopped half-way keeps what it recorded
+        receipt = outcome.receipt
         reading = read_reply(outcome.text, text, speakers, self.persona, earlier, done, receipt.reply_problems,
                              receipt.asked_again, earlier_asked) if outcome.status == ReplyStatus.REPLIED else None
-        report = TurnReport(
-            number=self.number,
+        report = self._report(incoming, outcome, seconds, author, reading)
+        if reading is not None:
+            self.tally.add(f"turn {self.number}", reading, text, outcome.text)
+        _emit_turn(report, self.emit)
+        return report
+
+    def _advance(self, days: int) -> None:
+        """A minute between messages of one day; `days` moves to a later chat day (and says so)."""
+        if days:
+            self.clock.current += timedelta(days=days)
+            self.emit(f"(the clock moves forward {days} day{'s' if days > 1 else ''}: it is now {self.clock.now():%Y-%m-%d})")
+        else:
+            self.clock.current += timedelta(minutes=1)
+
+    def _message(self, channel_id: int, author_id: int, author: str, text: str, **extra: Any) -> IncomingMessage:
+        self.message_id += 1
+        return IncomingMessage(
+            message_id=self.message_id,
+            channel_id=channel_id,
+            author_id=author_id,
+            author_name=author,
             text=text,
+            created_at=self.clock.now(),
+            guild_id=GUILD_ID,
+            where=f'#{"general" if channel_id == CHANNEL_ID else "game-night"} in "smoke server"',
+            **extra,
+        )
+
+    async def _post(self, chunks: list[str], answered: IncomingMessage) -> None:
+        """The bot's own messages are part of the context window, as on Discord."""
+        for chunk in chunks:
+            await self.services.chat.record(
+                self._message(answered.channel_id, BOT_USER_ID, self.persona, chunk, is_bot=True, reply_to=answered.message_id)
+            )
+
+    def _report(
+        self, incoming: IncomingMessage, outcome: ReplyOutcome, seconds: float, author: str, reading: ReplyReading | None
+    ) -> TurnReport:
+        receipt = outcome.receipt
+        return TurnReport(
+            number=self.number,
+            text=incoming.text,
             seconds=seconds,
             status=outcome.status.value,
             reply=outcome.text,
@@ -331,10 +363,6 @@ class _Run:
             author=author,
             reading=reading,
         )
-        if reading is not None:
-            self.tally.add(f"turn {self.number}", reading, text, outcome.text)
-        _emit_turn(report, emit)
-        return report
 
 
 async def _emit_day_summaries(services: Services, emit: Callable[[str], None]) -> None:

@@ -20,13 +20,18 @@ from bot.chat.reply_text import (
     ECHO,
     EMPTY,
     FENCE,
+    HONEST,
+    HONEST_ES,
     LABEL,
     LANGUAGE,
+    NOT_SAVED,
+    NOT_SAVED_ES,
     REPEAT,
     TOOL_WORDING,
     USER_ID,
     ReplyFacts,
     check,
+    history_text,
     looks_spanish,
 )
 from bot.chat.text_calls import parse_text_calls, strip_tool_json
@@ -67,7 +72,10 @@ def read_reply(
 ) -> ReplyReading:
     """The failures a person would see in `posted`, found with the bot's own checks (the same question asked again may
     get the same answer: `earlier_asked` says what each earlier reply answered)."""
-    checked = check(posted, ReplyFacts(answered, speakers, persona, earlier, done, earlier_asked=earlier_asked))
+    model_part = history_text(posted)  # the bot's own lines ("📝 Saved: …", the honest sentence) are no answer to read
+    if not model_part:
+        return ReplyReading([], list(fixed), asked_again)
+    checked = check(model_part, ReplyFacts(answered, speakers, persona, earlier, done, earlier_asked=earlier_asked))
     problems = [problem for problem in checked.problems if problem in FAILURES]
     return ReplyReading(problems, list(fixed), asked_again)
 
@@ -82,6 +90,8 @@ class Tally:
     asked_again: int = 0
     spanish_asked: int = 0
     spanish_answered: int = 0
+    honest: int = 0  # replies that were the bot's honest sentence: the model's own answers could not be posted
+    not_saved: int = 0  # replies that carried the line saying nothing was saved (a claim was taken out)
     failing_turns: list[str] = field(default_factory=list)
 
     def add(self, label: str, reading: ReplyReading, answered: str, posted: str) -> None:
@@ -89,6 +99,8 @@ class Tally:
         self.found.update(set(reading.problems))
         self.fixed.update(set(reading.fixed))
         self.asked_again += reading.asked_again
+        self.honest += posted.strip() in (HONEST, HONEST_ES)
+        self.not_saved += any(line.strip() in (NOT_SAVED, NOT_SAVED_ES) for line in posted.splitlines())
         if looks_spanish(answered):
             self.spanish_asked += 1
             self.spanish_answered += looks_spanish(posted)
@@ -101,7 +113,8 @@ class Tally:
         return (
             f"{self.replies} replies; in what was posted: {seen}; Spanish questions answered in Spanish "
             f"{self.spanish_answered}/{self.spanish_asked}. The bot's checks took out: {fixed}; asked the model again "
-            f"{self.asked_again} times"
+            f"{self.asked_again} times; the honest sentence instead of the model's answer {self.honest}/{self.replies}; "
+            f"the line saying nothing was saved {self.not_saved}"
         )
 
 
@@ -139,3 +152,4 @@ class AnswerRecorder:
         with self.path.open("a", encoding="utf-8") as out:
             for record in self.records:
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.records.clear()
