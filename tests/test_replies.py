@@ -91,10 +91,10 @@ async def test_an_echo_is_asked_for_again_without_tools(
 async def test_a_repeat_of_an_earlier_reply_is_asked_for_again(
     pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock
 ) -> None:
-    refusal = "There is no memory #2 in this conversation; use an id shown with a memory."
-    chat.text(refusal)
-    await turn(pipeline, clock, JUNO, "forget Bau's birthday")
-    chat.text(refusal).text("It's on Friday at 8.")
+    earlier = "Pizza sounds like a plan, I'd go for margherita."
+    chat.text(earlier)
+    await turn(pipeline, clock, JUNO, "pizza tonight?")
+    chat.text(earlier).text("It's on Friday at 8.")
     outcome = await turn(pipeline, clock, SAM, "when is game night again?")
     assert outcome.chunks == ["It's on Friday at 8."] and "repeat" in outcome.receipt.reply_problems
 
