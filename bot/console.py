@@ -20,8 +20,9 @@ import logging
 import re
 import sys
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 from bot.chat.messages import IncomingMessage, UserRef, storable
 from bot.chat.model import chat_configured
@@ -29,7 +30,7 @@ from bot.chat.notices import Notices, notice_line
 from bot.chat.receipts import ReplyStatus
 from bot.clock import ManualClock
 from bot.config import Settings
-from bot.console_session import BOT_USER_ID, MENTION, SUMMARIES_USAGE, CommandError, ServerCommands, local_id
+from bot.console_session import BOT_USER_ID, MENTION, SUMMARIES_USAGE, CommandError, ConsoleSession, ServerCommands, local_id
 from bot.embeddings.providers import BuiltinEmbedder, create_embedder
 from bot.errors import Refusal
 from bot.failures import database_sentence, first_line
@@ -61,15 +62,22 @@ HELP = """Type a message to talk to the bot (as if you @mentioned it). Commands:
   /who                 where you are                    /help, /quit"""
 
 
-
 # What each command accepts after its name (a regular expression over the rest of the line), with its usage:
 # anything else is refused with the usage instead of being ignored. Commands taking free text are not listed.
 OPTIONS: dict[str, tuple[str, str]] = {
-    "/help": (r"", "/help"), "/who": (r"", "/who"), "/dm": (r"", "/dm"), "/quit": (r"", "/quit"),
-    "/receipt": (r"", "/receipt"), "/why": (r"", "/why"), "/rebuild": (r"", "/rebuild"),
+    "/help": (r"", "/help"),
+    "/who": (r"", "/who"),
+    "/dm": (r"", "/dm"),
+    "/quit": (r"", "/quit"),
+    "/receipt": (r"", "/receipt"),
+    "/why": (r"", "/why"),
+    "/rebuild": (r"", "/rebuild"),
     "/receipts": (r"(on|off)?", "/receipts [on|off]"),
-    "/memories": (r"\d*", "/memories [PAGE]"), "/mine": (r"\d*", "/mine [PAGE]"), "/day": (r"\d*", "/day [N]"),
-    "/stats": (r"(mine)?", "/stats [mine]"), "/privacy": (r"(none|partial|full)?", "/privacy none|partial|full"),
+    "/memories": (r"\d*", "/memories [PAGE]"),
+    "/mine": (r"\d*", "/mine [PAGE]"),
+    "/day": (r"\d*", "/day [N]"),
+    "/stats": (r"(mine)?", "/stats [mine]"),
+    "/privacy": (r"(none|partial|full)?", "/privacy none|partial|full"),
     "/history": (r"(on|off|#?\d+( \d+)?)?", "/history [on|off] (chat history) or /history ID [PAGE] (a memory's versions)"),
     "/restore": (r"#?\d+ #?\d+", "/restore ID VERSION"),
     "/summaries": (r"((show|regenerate) #?\d+|backfill( \d+)?|on|off)?", SUMMARIES_USAGE),
@@ -86,12 +94,19 @@ def refuse_unknown_options(command: str, rest: str) -> None:
 MAX_DAY_OFFSET = 36_525  # 100 years: dates stay far from the end of the calendar (year 9999) and of every week sum
 
 
-class ConsoleChat(ServerCommands):
-    """The console chat: one input line at a time, messages to the bot and the memory commands."""
+class ConsoleChat:
+    """The console chat: one input line at a time, a message to the bot or a command. The commands live in parts
+    that share this session: the conversation and where you are here, memories in `MemoryCommands`, the server
+    and its people in `ServerCommands`."""
+
+    def __init__(self, session: ConsoleSession) -> None:
+        self.session = session
+        self.memory = MemoryCommands(session)
+        self.server = ServerCommands(session)
 
     async def handle(self, line: str) -> bool:
         """Run one input line; False means quit. A bad line prints an error and the session goes on."""
-        self.tick()
+        self.session.tick()
         line = storable(line)
         if not line:
             return True
@@ -102,61 +117,72 @@ class ConsoleChat(ServerCommands):
         rest = rest.strip()
         if command in ("/quit", "/exit"):
             return False
-        handler = getattr(self, "cmd_" + command[1:].replace("-", "_"), None)
+        handler = self.handler_of(command)
         if handler is None:
-            self.show(f"unknown command {command}; /help lists them")
+            self.session.show(f"unknown command {command}; /help lists them")
             return True
         try:
             refuse_unknown_options(command, rest)
             await handler(rest)
         except Refusal as exc:  # one handler for the whole family: a typo, a rule, a bad file
-            self.show(f"error: {exc.sentence}")
+            self.session.show(f"error: {exc.sentence}")
         return True
+
+    def handler_of(self, command: str) -> Callable[[str], Awaitable[None]] | None:
+        """The part that runs a command: the chat's own first, then the memory commands, then the server's."""
+        name = "cmd_" + command[1:].replace("-", "_")
+        for part in (self, self.memory, self.server):
+            handler = getattr(part, name, None)
+            if handler is not None:
+                return cast("Callable[[str], Awaitable[None]]", handler)
+        return None
 
     async def post(self, text: str, *, addressed: bool) -> None:
         """A message from the current user; the bot answers if it would on Discord."""
         mentions: list[UserRef] = []
         mentions_bot = addressed
         for name in MENTION.findall(text):
-            if name.casefold() in (self.persona_name.casefold(), "bot"):
+            if name.casefold() in (self.session.persona_name.casefold(), "bot"):
                 mentions_bot = True
-            elif name.casefold() != self.user.casefold():
+            elif name.casefold() != self.session.user.casefold():
                 mentions.append(UserRef(local_id("user", name), name))
         incoming = IncomingMessage(
-            message_id=self.next_message_id(),
-            channel_id=self.channel_id,
-            author_id=self.user_id,
-            author_name=self.user,
+            message_id=self.session.next_message_id(),
+            channel_id=self.session.channel_id,
+            author_id=self.session.user_id,
+            author_name=self.session.user,
             text=text,
-            created_at=self.clock.now(),
-            guild_id=self.guild_id,
+            created_at=self.session.clock.now(),
+            guild_id=self.session.guild_id,
             mentions=tuple(mentions),
-            where=self.where,
+            where=self.session.where,
             author_can_manage=True,  # the console's user runs the local server
         )
-        outcome = await self.services.chat.handle(incoming, mentions_bot=mentions_bot)
+        outcome = await self.session.services.chat.handle(incoming, mentions_bot=mentions_bot)
         if outcome is None:
             if addressed:
-                self.show(f"({self.persona_name} does not answer {self.user} here: blocked in this server)")
+                self.session.show(
+                    f"({self.session.persona_name} does not answer {self.session.user} here: blocked in this server)"
+                )
             return
         if outcome.status == ReplyStatus.NO_MODEL:
-            self.show(f"{self.persona_name} (no chat model):")
+            self.session.show(f"{self.session.persona_name} (no chat model):")
             for chunk in outcome.chunks:
-                self.show("  " + chunk.replace("\n", "\n  "))
+                self.session.show("  " + chunk.replace("\n", "\n  "))
         else:
             for chunk in outcome.chunks:
-                self.show(f"{self.persona_name}: {chunk}")
+                self.session.show(f"{self.session.persona_name}: {chunk}")
         if outcome.status == ReplyStatus.REPLIED and outcome.chunks:
             for chunk in outcome.chunks:  # the bot's own messages are part of the context window, as on Discord
-                await self.services.chat.record(
+                await self.session.services.chat.record(
                     IncomingMessage(
-                        message_id=self.next_message_id(),
-                        channel_id=self.channel_id,
+                        message_id=self.session.next_message_id(),
+                        channel_id=self.session.channel_id,
                         author_id=BOT_USER_ID,
-                        author_name=self.persona_name,
+                        author_name=self.session.persona_name,
                         text=chunk,
-                        created_at=self.clock.now(),
-                        guild_id=self.guild_id,
+                        created_at=self.session.clock.now(),
+                        guild_id=self.session.guild_id,
                         is_bot=True,
                         reply_to=incoming.message_id,
                     )
@@ -164,65 +190,84 @@ class ConsoleChat(ServerCommands):
         if outcome.notices is not None:  # with the memory's text: the console's user runs the server and reads it all
             prefix = {"channel": "", "hidden": "(hidden notice) ", "log": "[#log] "}[outcome.notices.destination]
             about = {change.about_user_id for change in outcome.changes if change.about_user_id is not None}
-            names = await self.services.chat_log.names(about) if about else {}
+            names = await self.session.services.chat_log.names(about) if about else {}
             for change in outcome.changes:
-                self.show(f"  {prefix}{neutralize_mentions(notice_line(change, 'verbose', names))}")
-        if self.receipts:
-            self.show("  receipt: " + outcome.receipt.render().replace("\n", "\n           "))
-        self.services.upkeep.request_pass()  # chunk what left the context window now, not at the next interval
+                self.session.show(f"  {prefix}{neutralize_mentions(notice_line(change, 'verbose', names))}")
+        if self.session.receipts:
+            self.session.show("  receipt: " + outcome.receipt.render().replace("\n", "\n           "))
+        self.session.services.upkeep.request_pass()  # chunk what left the context window now, not at the next interval
 
     async def show_day_notes(self, channel_id: int, guild_id: int | None, notices: Notices) -> None:
         """A finished chat day's notes notice (written in the background after the day's first message)."""
         prefix = {"channel": "", "hidden": "(hidden notice) ", "log": "[#log] "}[notices.destination]
         for line in notices.lines:
-            self.show(f"  {prefix}{line}")
+            self.session.show(f"  {prefix}{line}")
 
     # --- where and who ---
 
     async def cmd_help(self, rest: str) -> None:
-        self.show(HELP)
+        self.session.show(HELP)
 
     async def cmd_who(self, rest: str) -> None:
-        self.show(f"you are {self.user} (user {self.user_id}) in {self.where}; it is {self.clock.now():%Y-%m-%d} UTC")
+        self.session.show(
+            f"you are {self.session.user} (user {self.session.user_id}) in {self.session.where}; "
+            f"it is {self.session.clock.now():%Y-%m-%d} UTC"
+        )
 
     async def cmd_as(self, rest: str) -> None:
-        name = self._name(rest, "/as NAME")
-        await self.move(user=name)
-        self.show(f"(you are now {name})")
+        name = self.session.name_arg(rest, "/as NAME")
+        await self.session.move(user=name)
+        self.session.show(f"(you are now {name})")
 
     async def cmd_channel(self, rest: str) -> None:
-        await self.move(channel=self._name(rest.lstrip("#"), "/channel NAME"), in_dm=False)
-        self.show(f"(you are in #{self.channel})")
+        await self.session.move(channel=self.session.name_arg(rest.lstrip("#"), "/channel NAME"), in_dm=False)
+        self.session.show(f"(you are in #{self.session.channel})")
 
     async def cmd_dm(self, rest: str) -> None:
-        await self.move(in_dm=True)
-        self.show(f"(you are in a DM with {self.persona_name}; /channel NAME goes back to the server)")
+        await self.session.move(in_dm=True)
+        self.session.show(f"(you are in a DM with {self.session.persona_name}; /channel NAME goes back to the server)")
 
     async def cmd_day(self, rest: str) -> None:
         if rest and not (rest.isascii() and rest.isdigit()):
             raise CommandError("/day takes a number of days, e.g. /day 3")
         days = int(rest) if rest and len(rest) <= 9 else (1 if not rest else MAX_DAY_OFFSET + 1)
-        if self.day_offset + days > MAX_DAY_OFFSET:
+        if self.session.day_offset + days > MAX_DAY_OFFSET:
             raise CommandError(
                 f"/day moves the simulated date at most {MAX_DAY_OFFSET} days (100 years) past today, and it is "
-                f"{self.day_offset} days ahead now; /day {max(MAX_DAY_OFFSET - self.day_offset, 0)} goes the furthest"
+                f"{self.session.day_offset} days ahead now; "
+                f"/day {max(MAX_DAY_OFFSET - self.session.day_offset, 0)} goes the furthest"
             )
-        self.day_offset += days
-        self.tick()
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        self.state_file.write_text(json.dumps({"day_offset": self.day_offset}), encoding="utf-8")
-        self.show(f"(it is now {self.clock.now():%Y-%m-%d} UTC)")
+        self.session.day_offset += days
+        self.session.tick()
+        self.session.state_file.parent.mkdir(parents=True, exist_ok=True)
+        self.session.state_file.write_text(json.dumps({"day_offset": self.session.day_offset}), encoding="utf-8")
+        self.session.show(f"(it is now {self.session.clock.now():%Y-%m-%d} UTC)")
 
     async def cmd_say(self, rest: str) -> None:
         if not rest:
             raise CommandError("/say TEXT")
         await self.post(rest, addressed=False)
 
-    # --- memories ---
+    async def cmd_history(self, rest: str) -> None:
+        """`/history ID [PAGE]`: a memory's versions; `/history [on|off]`: this channel's chat-history recall."""
+        if rest.partition(" ")[0].lstrip("#").isdigit():
+            await self.memory.versions(rest)
+        else:
+            await self.server.cmd_history(rest)
+
+
+class MemoryCommands:
+    """The console's memory commands, as `/memories` and `/personal memories` on Discord, for the session's
+    user where they are."""
+
+    def __init__(self, session: ConsoleSession) -> None:
+        self.session = session
 
     async def _show_page(self, ref: ListRef, rest: str) -> None:
-        page = await self.manager.page(ref, int(rest) - 1 if rest.isdigit() else 0)
-        self.show(f"{ref.label}: {page.total} of {self.manager.limit_of(ref)} (page {page.number + 1} of {page.pages})")
+        page = await self.session.manager.page(ref, int(rest) - 1 if rest.isdigit() else 0)
+        self.session.show(
+            f"{ref.label}: {page.total} of {self.session.manager.limit_of(ref)} (page {page.number + 1} of {page.pages})"
+        )
         for view in page.items:
             memory = view.memory
             marks = [view.state, f"{memory.days_unused} days unused"]
@@ -233,79 +278,80 @@ class ConsoleChat(ServerCommands):
             if view.scope_label:
                 marks.append(view.scope_label)
             marks.append(view.vector.value)
-            self.show(f"  #{memory.id} [{', '.join(marks)}] {memory.text}")
+            self.session.show(f"  #{memory.id} [{', '.join(marks)}] {memory.text}")
 
     async def cmd_memories(self, rest: str) -> None:
-        await self._show_page(await self._server_list(), rest)
+        await self._show_page(await self.session.server_list(), rest)
 
     async def cmd_mine(self, rest: str) -> None:
-        await self._show_page(await self.manager.personal_list(self.user_id, self.guild_id), rest)
+        await self._show_page(await self.session.manager.personal_list(self.session.user_id, self.session.guild_id), rest)
 
     def _saved(self, result: SaveResult, what: str) -> None:
         assert result.saved is not None  # a refusal is raised
-        self.show(f"saved {what} #{result.saved.id}: {result.saved.text}")
+        self.session.show(f"saved {what} #{result.saved.id}: {result.saved.text}")
         for merge in result.merged:
-            self.show(f"  joined #{merge.absorbed.id} into #{merge.kept.id} to make room: {merge.kept.text}")
+            self.session.show(f"  joined #{merge.absorbed.id} into #{merge.kept.id} to make room: {merge.kept.text}")
         for gone in result.forgotten:
-            self.show(f"  forgotten to make room: #{gone.id} {gone.text}")
+            self.session.show(f"  forgotten to make room: #{gone.id} {gone.text}")
         if looks_like_instruction(result.saved.text):
-            self.show(
+            self.session.show(
                 "  note: this reads like an instruction. Memories that nobody mentions go to the drawer and stop applying;"
                 " put rules in the persona prompt (/persona prompt ...) or an always-on lore entry (/lore add ...)."
             )
 
     async def cmd_remember(self, rest: str) -> None:
-        result = await self.manager.add(await self._server_list(), rest, actor=self.actor)
+        result = await self.session.manager.add(await self.session.server_list(), rest, actor=self.session.actor)
         self._saved(result, "server memory")
 
     async def cmd_me(self, rest: str) -> None:
-        ref = await self.manager.personal_list(self.user_id, self.guild_id, Scope.PERSONA)
-        self._saved(await self.manager.add(ref, rest, actor=self.actor), "personal memory")
+        ref = await self.session.manager.personal_list(self.session.user_id, self.session.guild_id, Scope.PERSONA)
+        self._saved(await self.session.manager.add(ref, rest, actor=self.session.actor), "personal memory")
 
     async def cmd_global(self, rest: str) -> None:
-        ref = await self.manager.personal_list(self.user_id, self.guild_id, Scope.GLOBAL)
-        self._saved(await self.manager.add(ref, rest, actor=self.actor, is_global=True), "Global personal memory")
+        ref = await self.session.manager.personal_list(self.session.user_id, self.session.guild_id, Scope.GLOBAL)
+        self._saved(await self.session.manager.add(ref, rest, actor=self.session.actor, is_global=True), "Global personal memory")
 
     async def cmd_edit(self, rest: str) -> None:
         raw_id, _, text = rest.partition(" ")
-        memory_id = self._memory_id(raw_id, "/edit ID TEXT")
-        result = await self.manager.edit(await self._ref_of(memory_id), memory_id, text, actor=self.actor)
+        memory_id = self.session.id_arg(raw_id, "/edit ID TEXT")
+        result = await self.session.manager.edit(await self.session.ref_of(memory_id), memory_id, text, actor=self.session.actor)
         assert result.saved is not None  # a refusal is raised
-        self.show(f"edited #{memory_id}: {result.saved.text}")
+        self.session.show(f"edited #{memory_id}: {result.saved.text}")
 
-    async def cmd_history(self, rest: str) -> None:
-        """`/history ID [PAGE]`: a memory's versions; `/history [on|off]`: this channel's chat-history recall."""
+    async def versions(self, rest: str) -> None:
+        """`/history ID [PAGE]`: a memory's earlier texts, newest first."""
         raw_id, _, raw_page = rest.partition(" ")
-        if not raw_id.lstrip("#").isdigit():
-            await super().cmd_history(rest)
-            return
-        memory_id = self._memory_id(raw_id, "/history ID [PAGE]")
-        page = await self.manager.versions.page(await self._ref_of(memory_id), memory_id, int(raw_page) - 1 if raw_page else 0)
-        names = await self.services.chat_log.names([v.replaced_by for v in page.versions if v.replaced_by is not None])
-        names.setdefault(self.user_id, self.user)
-        self.show(f"#{memory_id} now: {page.memory.text}")
+        memory_id = self.session.id_arg(raw_id, "/history ID [PAGE]")
+        page = await self.session.manager.versions.page(
+            await self.session.ref_of(memory_id), memory_id, int(raw_page) - 1 if raw_page else 0
+        )
+        names = await self.session.services.chat_log.names([v.replaced_by for v in page.versions if v.replaced_by is not None])
+        names.setdefault(self.session.user_id, self.session.user)
+        self.session.show(f"#{memory_id} now: {page.memory.text}")
         if not page.total:
-            self.show("  no earlier texts: it was never changed")
+            self.session.show("  no earlier texts: it was never changed")
         else:
-            self.show(f"  {page.total} earlier text{'s' if page.total != 1 else ''} (page {page.number + 1} of {page.pages})")
+            self.session.show(
+                f"  {page.total} earlier text{'s' if page.total != 1 else ''} (page {page.number + 1} of {page.pages})"
+            )
         for version in page.versions:
             heading, detail = describe_version(version, names)
-            self.show(f"  {heading}: {version.text}\n    {detail}")
+            self.session.show(f"  {heading}: {version.text}\n    {detail}")
 
     async def cmd_restore(self, rest: str) -> None:
         raw_id, _, raw_version = rest.partition(" ")
-        memory_id = self._memory_id(raw_id, "/restore ID VERSION")
-        version_id = self._memory_id(raw_version, "/restore ID VERSION")
-        result = await self.manager.versions.restore(
-            await self._ref_of(memory_id), memory_id, version_id, actor=self.actor
+        memory_id = self.session.id_arg(raw_id, "/restore ID VERSION")
+        version_id = self.session.id_arg(raw_version, "/restore ID VERSION")
+        result = await self.session.manager.versions.restore(
+            await self.session.ref_of(memory_id), memory_id, version_id, actor=self.session.actor
         )
         assert result.saved is not None  # a refusal is raised
-        self.show(f"restored #{memory_id}: {result.saved.text}")
+        self.session.show(f"restored #{memory_id}: {result.saved.text}")
 
     async def cmd_forget(self, rest: str) -> None:
-        memory_id = self._memory_id(rest, "/forget ID")
-        result = await self.manager.delete(await self._ref_of(memory_id), memory_id, actor=self.actor)
-        self.show(f"deleted #{memory_id}: {result.forgotten[0].text}")
+        memory_id = self.session.id_arg(rest, "/forget ID")
+        result = await self.session.manager.delete(await self.session.ref_of(memory_id), memory_id, actor=self.session.actor)
+        self.session.show(f"deleted #{memory_id}: {result.forgotten[0].text}")
 
 
 def failure_sentence(exc: Exception) -> str:
@@ -406,15 +452,16 @@ async def run_console(
         reembedder = asyncio.create_task(services.upkeep.run(stop))  # history chunks and every vector, in the background
         try:
             state_file = settings.data_dir / "console.json"
-            console = ConsoleChat(services, clock, out, state_file, _read_day_offset(state_file))
+            session = ConsoleSession(services, clock, out, state_file, _read_day_offset(state_file))
+            console = ConsoleChat(session)
             services.summaries.notes.listener = console.show_day_notes
-            console.tick()
-            await console.refresh_persona()
+            session.tick()
+            await session.refresh_persona()
             interactive = stdin.isatty()
             lines = LineReader(stdin)
             while True:
                 if interactive:
-                    print(f"{console.user}> ", end="", file=out, flush=True)
+                    print(f"{session.user}> ", end="", file=out, flush=True)
                 raw = await lines.readline()
                 if not raw:
                     break
@@ -422,7 +469,7 @@ async def run_console(
                     if not await console.handle(raw.strip()):
                         break
                 except Exception as exc:  # one bad line never ends the session
-                    console.show(f"error: {failure_sentence(exc)}")
+                    session.show(f"error: {failure_sentence(exc)}")
         finally:
             stop.set()
             reembedder.cancel()

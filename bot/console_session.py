@@ -67,7 +67,6 @@ class CommandError(InvalidInput):
     """A console command was typed wrong; the sentence says how to type it."""
 
 
-
 @dataclass
 class ConsoleSession:
     """One console session: who you are and where you are; the commands are in `ConsoleChat`."""
@@ -151,12 +150,12 @@ class ConsoleSession:
 
     # --- one line ---
 
-    async def _server_list(self) -> ListRef:
+    async def server_list(self) -> ListRef:
         if self.guild_id is None:
             raise CommandError("server memories exist only in a server; /channel NAME goes back to one")
         return await self.manager.server_list(self.guild_id)
 
-    async def _ref_of(self, memory_id: int) -> ListRef:
+    async def ref_of(self, memory_id: int) -> ListRef:
         """The list a memory id belongs to, among the ones the current user may change here."""
         refs = [await self.manager.personal_list(self.user_id, self.guild_id)]
         if self.guild_id is not None:
@@ -167,59 +166,71 @@ class ConsoleSession:
                 return ref
         raise CommandError(f"there is no memory #{memory_id} that you can change here")
 
-    def _memory_id(self, raw: str, usage: str) -> int:
+    def id_arg(self, raw: str, usage: str) -> int:
         """An id as Discord and the database know them: ASCII digits, 1 to 2**63 - 1 (`²` or 20 nines are no id)."""
         try:
             return parse_id(raw.strip().lstrip("#"), "the id")
         except ValueError as exc:
             raise CommandError(f"{exc}; usage: {usage}") from None
 
+    def name_arg(self, raw: str, usage: str) -> str:
+        name = raw.strip().lstrip("@")
+        if not name or " " in name:
+            raise CommandError(f"{usage} (one word)")
+        return name
 
-class ServerCommands(ConsoleSession):
-    """Console commands about the server and the people in it, as `/settings`, `/privacy` and friends on Discord."""
+
+class ServerCommands:
+    """Console commands about the server and the people in it, as `/settings`, `/privacy` and friends on Discord:
+    they act on the session they are given (who and where), which the chat and the memory commands share."""
+
+    def __init__(self, session: ConsoleSession) -> None:
+        self.session = session
 
     async def cmd_privacy(self, rest: str) -> None:
         if rest.lower() not in {level.value for level in Privacy}:
             raise CommandError("/privacy none|partial|full")
         level = Privacy(rest.lower())
-        await self.services.set_privacy(self.user_id, level)
-        self.show(f"privacy for {self.user}: {level.value}")
+        await self.session.services.set_privacy(self.session.user_id, level)
+        self.session.show(f"privacy for {self.session.user}: {level.value}")
 
     # --- server settings, persona, lore ---
 
     async def cmd_settings(self, rest: str) -> None:
-        if self.guild_id is None:
+        if self.session.guild_id is None:
             raise CommandError("server settings exist only in a server")
         if rest:
             key, _, value = rest.partition(" ")
             await self._change_setting(key.lower(), value.strip().lower())
-        guild = await self.servers.guild_settings(self.guild_id)
+        guild = await self.session.servers.guild_settings(self.session.guild_id)
         autos = ", ".join(f"#{name}" for name in self._channel_names(guild.auto_reply_channel_ids)) or "none"
         on = {True: "on", False: "off"}
-        self.show(
+        self.session.show(
             f"notices: {guild.notices} ({guild.notice_verbosity}); self-teaching {on[guild.self_teaching]}; "
             f"member teaching {on[guild.member_teaching]}; personal memories {on[guild.personal_memories]}; "
             f"tagging {on[guild.tagging]}; auto-reply channels: {autos}"
         )
 
     def _channel_names(self, ids: tuple[int, ...]) -> list[str]:
-        known = {local_id("channel", self.channel): self.channel}
+        known = {local_id("channel", self.session.channel): self.session.channel}
         return [known.get(channel_id, str(channel_id)) for channel_id in ids]
 
     async def _change_setting(self, key: str, value: str) -> None:
-        assert self.guild_id is not None
+        assert self.session.guild_id is not None
         if key == "auto-reply":
             if value not in SWITCH:
                 raise CommandError("/settings auto-reply on|off (for the current channel)")
-            current = (await self.servers.guild_settings(self.guild_id)).auto_reply_channel_ids
-            if SWITCH[value] != (self.channel_id in current):
-                await self.servers.set_auto_reply(self.guild_id, self.actor, self.channel_id, SWITCH[value])
+            current = (await self.session.servers.guild_settings(self.session.guild_id)).auto_reply_channel_ids
+            if SWITCH[value] != (self.session.channel_id in current):
+                await self.session.servers.set_auto_reply(
+                    self.session.guild_id, self.session.actor, self.session.channel_id, SWITCH[value]
+                )
             return
         if key == "log-channel":
             if not value:
                 raise CommandError("/settings log-channel NAME")
-            await self.servers.update_guild_settings(
-                self.guild_id, self.actor, log_channel_id=local_id("channel", value.lstrip("#"))
+            await self.session.servers.update_guild_settings(
+                self.session.guild_id, self.session.actor, log_channel_id=local_id("channel", value.lstrip("#"))
             )
             return
         if key not in SETTING_COLUMNS:
@@ -230,18 +241,18 @@ class ServerCommands(ConsoleSession):
         if choices is None:
             if value not in SWITCH:
                 raise CommandError(f"/settings {key} on|off")
-            await self.servers.update_guild_settings(self.guild_id, self.actor, **{column: SWITCH[value]})
+            await self.session.servers.update_guild_settings(self.session.guild_id, self.session.actor, **{column: SWITCH[value]})
         else:
             if value not in choices:
                 raise CommandError(f"/settings {key} {'|'.join(choices)}")
-            await self.servers.update_guild_settings(self.guild_id, self.actor, **{column: value})
+            await self.session.servers.update_guild_settings(self.session.guild_id, self.session.actor, **{column: value})
 
     async def cmd_block(self, rest: str, blocked: bool = True) -> None:
-        if self.guild_id is None:
+        if self.session.guild_id is None:
             raise CommandError("the blocklist exists only in a server")
-        name = self._name(rest, "/block NAME" if blocked else "/unblock NAME")
-        await self.services.set_blocked(self.guild_id, local_id("user", name), blocked, self.actor)
-        self.show(f"{name} is {'blocked' if blocked else 'no longer blocked'} in this server")
+        name = self.session.name_arg(rest, "/block NAME" if blocked else "/unblock NAME")
+        await self.session.services.set_blocked(self.session.guild_id, local_id("user", name), blocked, self.session.actor)
+        self.session.show(f"{name} is {'blocked' if blocked else 'no longer blocked'} in this server")
 
     async def cmd_unblock(self, rest: str) -> None:
         await self.cmd_block(rest, blocked=False)
@@ -249,63 +260,65 @@ class ServerCommands(ConsoleSession):
     async def cmd_persona(self, rest: str) -> None:
         field_name, _, value = rest.partition(" ")
         if field_name in ("name", "prompt"):
-            if self.guild_id is None:
+            if self.session.guild_id is None:
                 raise CommandError("the DM persona follows DEFAULT_PERSONA_NAME / DEFAULT_PERSONA_PROMPT")
             if not value.strip():
                 raise CommandError(f"/persona {field_name} TEXT")
             if field_name == "name":
-                await self.servers.update_persona(self.guild_id, self.actor, name=value.strip())
+                await self.session.servers.update_persona(self.session.guild_id, self.session.actor, name=value.strip())
             else:
-                await self.servers.update_persona(self.guild_id, self.actor, prompt=value.strip())
-            await self.refresh_persona()
+                await self.session.servers.update_persona(self.session.guild_id, self.session.actor, prompt=value.strip())
+            await self.session.refresh_persona()
         elif rest:
             raise CommandError("/persona [name TEXT | prompt TEXT]")
-        persona = await self.servers.persona(self.guild_id)
-        self.show(f"persona: {persona.name}\nprompt: {persona.prompt or '(empty)'}")
+        persona = await self.session.servers.persona(self.session.guild_id)
+        self.session.show(f"persona: {persona.name}\nprompt: {persona.prompt or '(empty)'}")
 
     async def cmd_lore(self, rest: str) -> None:
         action, _, value = rest.partition(" ")
-        if action in ("add", "remove") and self.guild_id is None:
+        if action in ("add", "remove") and self.session.guild_id is None:
             raise CommandError("lore entries belong to a server's persona")
         if action == "add":
-            entry = await self.servers.add_lore(self.guild_id or 0, self.actor, value)
-            self.show(f"lore #{entry.id} added: {entry.text}")
+            entry = await self.session.servers.add_lore(self.session.guild_id or 0, self.session.actor, value)
+            self.session.show(f"lore #{entry.id} added: {entry.text}")
         elif action == "remove":
-            lore_id = self._memory_id(value, "/lore remove ID")
-            await self.servers.remove_lore(self.guild_id or 0, self.actor, lore_id)
-            self.show(f"lore #{lore_id} removed")
+            lore_id = self.session.id_arg(value, "/lore remove ID")
+            await self.session.servers.remove_lore(self.session.guild_id or 0, self.session.actor, lore_id)
+            self.session.show(f"lore #{lore_id} removed")
         elif action:
             raise CommandError("/lore [add TEXT | remove ID]")
         else:
-            entries = await self.servers.lore(self.guild_id)
-            self.show("always-on lore: " + ("none" if not entries else ""))
+            entries = await self.session.servers.lore(self.session.guild_id)
+            self.session.show("always-on lore: " + ("none" if not entries else ""))
             for entry in entries:
-                self.show(f"  #{entry.id} {entry.text}")
+                self.session.show(f"  #{entry.id} {entry.text}")
 
     async def cmd_receipt(self, rest: str) -> None:
-        receipt = await self.services.chat_log.receipt(channel_id=self.channel_id)
+        receipt = await self.session.services.chat_log.receipt(channel_id=self.session.channel_id)
         if receipt is None:
-            self.show("no reply in this channel yet")
+            self.session.show("no reply in this channel yet")
             return
-        self.show(Receipt.from_dict(receipt).render())
+        self.session.show(Receipt.from_dict(receipt).render())
 
     async def cmd_why(self, rest: str) -> None:
         await self.cmd_receipt(rest)
 
     async def cmd_receipts(self, rest: str) -> None:
         if rest:
-            self.receipts = rest.lower() == "on"
-        self.show(f"receipts after each reply: {'on' if self.receipts else 'off'} (/receipt shows the last reply's)")
+            self.session.receipts = rest.lower() == "on"
+        self.session.show(
+            f"receipts after each reply: {'on' if self.session.receipts else 'off'} (/receipt shows the last reply's)"
+        )
 
     # --- documents, chat history, the memory viewer, rebuild ---
 
     async def cmd_documents(self, rest: str) -> None:
-        if self.guild_id is None:
+        if self.session.guild_id is None:
             raise CommandError("documents belong to a server; /channel NAME goes back to one")
         action, _, value = rest.partition(" ")
         if action == "add":
             path = Path(value.strip())
-            documents = self.services.documents
+            documents = self.session.services.documents
             limit = documents.settings.document_max_bytes
             try:  # never more than the limit and one byte: /dev/zero or a 4 GB log is refused, not read
                 raw = await asyncio.to_thread(read_at_most, path, limit + 1)
@@ -313,68 +326,66 @@ class ServerCommands(ConsoleSession):
                 raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
             if len(raw) > limit:
                 raise CommandError(f"{path} is larger than {limit:,} bytes; documents are limited to that (DOCUMENT_MAX_BYTES)")
-            added = await documents.add(self.guild_id, path.name, raw, self.actor)
+            added = await documents.add(self.session.guild_id, path.name, raw, self.session.actor)
             verb = "replaced" if added.replaced else "added"
-            self.show(f"{verb} document #{added.id} {added.name}: {added.passages} passages, {added.embedded} embedded")
+            self.session.show(f"{verb} document #{added.id} {added.name}: {added.passages} passages, {added.embedded} embedded")
         elif action == "delete":
-            document_id = self._memory_id(value.strip(), "/documents delete ID")
-            name = await self.services.documents.delete(self.guild_id, document_id, self.actor)
-            self.show(f"deleted document #{document_id} {name}")
+            document_id = self.session.id_arg(value.strip(), "/documents delete ID")
+            name = await self.session.services.documents.delete(self.session.guild_id, document_id, self.session.actor)
+            self.session.show(f"deleted document #{document_id} {name}")
         elif action:
             raise CommandError("/documents [add PATH | delete ID]")
         else:
-            found = await self.services.documents.list(self.guild_id)
-            self.show("documents: " + ("none (add one with /documents add PATH)" if not found else ""))
+            found = await self.session.services.documents.list(self.session.guild_id)
+            self.session.show("documents: " + ("none (add one with /documents add PATH)" if not found else ""))
             for doc in found:
                 size = describe_size(doc.size_bytes)
-                self.show(f"  #{doc.id} {doc.name}: {size}, {doc.passages} passages, {doc.embedded} embedded")
+                self.session.show(f"  #{doc.id} {doc.name}: {size}, {doc.passages} passages, {doc.embedded} embedded")
 
     async def cmd_history(self, rest: str) -> None:
         if rest:
             if rest.lower() not in SWITCH:
                 raise CommandError("/history [on|off] (for the current channel)")
-            await self.services.history.set_recall(self.channel_id, self.guild_id, SWITCH[rest.lower()])
-        enabled = await self.services.history.recall_enabled(self.channel_id)
-        overview = await self.services.history.overview(self.channel_id)
-        self.show(
+            await self.session.services.history.set_recall(self.session.channel_id, self.session.guild_id, SWITCH[rest.lower()])
+        enabled = await self.session.services.history.recall_enabled(self.session.channel_id)
+        overview = await self.session.services.history.overview(self.session.channel_id)
+        self.session.show(
             f"history recall {'on' if enabled else 'off (messages are still stored and chunked)'} here; "
             f"{overview.chunks} chunks ({overview.embedded} embedded), {overview.unchunked} messages in no chunk yet "
-            f"(the last {self.services.settings.context_messages} are the context window and are never chunked)"
+            f"(the last {self.session.services.settings.context_messages} are the context window and are never chunked)"
         )
 
     async def cmd_stats(self, rest: str) -> None:
         if rest not in ("", "mine"):
             raise CommandError("/stats [mine]")
-        ref = await self.manager.personal_list(self.user_id, self.guild_id) if rest else await self._server_list()
-        stats = await self.manager.stats(ref, embedding_problem=self.services.upkeep.last_error)
-        self.show(
+        ref = (
+            await self.session.manager.personal_list(self.session.user_id, self.session.guild_id)
+            if rest
+            else await self.session.server_list()
+        )
+        stats = await self.session.manager.stats(ref, embedding_problem=self.session.services.upkeep.last_error)
+        self.session.show(
             f"{ref.label}: {stats.total} of {stats.limit}; desk {stats.desk}, drawer {stats.drawer}, "
             f"waiting for vector {stats.waiting}, embedding unavailable {stats.unavailable}; "
             f"~{stats.desk_tokens} tokens on the desk"
         )
         if stats.unavailable_reason:
-            self.show(f"  no vector can be made now: {stats.unavailable_reason}")
+            self.session.show(f"  no vector can be made now: {stats.unavailable_reason}")
         for bucket in buckets(stats.days, stats.dormant_after, stats.decay):
             where = "drawer" if bucket.drawer else "desk"
-            self.show(f"  {bucket.label:>7} days unused | {'#' * bucket.count} {bucket.count} ({where})")
+            self.session.show(f"  {bucket.label:>7} days unused | {'#' * bucket.count} {bucket.count} ({where})")
         if stats.total:
-            chart = self.state_file.parent / "days-unused.png"
+            chart = self.session.state_file.parent / "days-unused.png"
             chart.parent.mkdir(parents=True, exist_ok=True)
             chart.write_bytes(days_unused_chart(stats.days, stats.dormant_after, decay=stats.decay, title=ref.label))
-            self.show(f"  chart: {chart}")
+            self.session.show(f"  chart: {chart}")
 
     async def cmd_rebuild(self, rest: str) -> None:
-        state = await self.services.upkeep.rebuild()
+        state = await self.session.services.upkeep.rebuild()
         verdict = f"paused: {state.paused}" if state.paused else "done"
-        self.show(
+        self.session.show(
             f"rebuild {verdict}: {state.summary()}; {state.chunks_made} new chunks; {state.stale_removed} old vectors removed"
         )
-
-    def _name(self, raw: str, usage: str) -> str:
-        name = raw.strip().lstrip("@")
-        if not name or " " in name:
-            raise CommandError(f"{usage} (one word)")
-        return name
 
     # --- channel summaries ---
 
@@ -383,39 +394,43 @@ class ServerCommands(ConsoleSession):
         channel's next message has it summarised in the background."""
         action, _, value = rest.partition(" ")
         action, value = action.lower(), value.strip()
-        summaries = self.services.summaries
+        summaries = self.session.services.summaries
         if action in ("on", "off"):
-            await summaries.set_enabled(self.channel_id, self.guild_id, SWITCH[action])
-            self.show(f"summaries {action} in this channel" + ("" if SWITCH[action] else ": nothing here is summarised or shown"))
+            await summaries.set_enabled(self.session.channel_id, self.session.guild_id, SWITCH[action])
+            self.session.show(
+                f"summaries {action} in this channel" + ("" if SWITCH[action] else ": nothing here is summarised or shown")
+            )
             return
-        off = await summaries.why_off(self.channel_id, self.guild_id)
+        off = await summaries.why_off(self.session.channel_id, self.session.guild_id)
         if off is not None:
             raise CommandError(SUMMARIES_OFF[off])
         if action == "show":
-            self._show_summary(await summaries.get(self.channel_id, self._memory_id(value, "/summaries show ID")))
+            self._show_summary(await summaries.get(self.session.channel_id, self.session.id_arg(value, "/summaries show ID")))
         elif action == "regenerate":
-            summary_id = self._memory_id(value, "/summaries regenerate ID")
-            written = await summaries.regenerate(self.channel_id, self.guild_id, summary_id, self.actor)
+            summary_id = self.session.id_arg(value, "/summaries regenerate ID")
+            written = await summaries.regenerate(self.session.channel_id, self.session.guild_id, summary_id, self.session.actor)
             if written.last_error is not None:
                 kept = "still missing" if written.status == Status.MISSING else "kept as it was"
-                self.show(f"the summary model failed, so #{written.id} {written.period} is {kept}: {written.last_error}")
+                self.session.show(f"the summary model failed, so #{written.id} {written.period} is {kept}: {written.last_error}")
             else:
                 self._show_summary(written)
         elif action == "backfill":
-            days = (int(value) if len(value) <= 6 else 365) if value else self.services.settings.summary_backfill_days
+            days = (int(value) if len(value) <= 6 else 365) if value else self.session.services.settings.summary_backfill_days
             await self._backfill(days)
         elif action:
             raise CommandError(SUMMARIES_USAGE)
         else:
             await summaries.settle()  # a day rollover may be summarising in the background right now
-            entries = await summaries.overview(self.channel_id)
-            self.show(f"summaries of this channel: {len(entries) or 'none yet (a chat day is summarised after it ends; /day)'}")
+            entries = await summaries.overview(self.session.channel_id)
+            self.session.show(
+                f"summaries of this channel: {len(entries) or 'none yet (a chat day is summarised after it ends; /day)'}"
+            )
             for entry in entries:
                 found = entry.summary
                 head = f"#{found.id}" if found is not None else "--"
                 period = found.period if found is not None else period_label(entry.kind, entry.period_start)
                 text = f" {' '.join(found.summary.split())}" if found is not None and found.summary else ""
-                self.show(f"  {head} {period} [{entry.state}]{text}")
+                self.session.show(f"  {head} {period} [{entry.state}]{text}")
 
     def _show_summary(self, found: Summary) -> None:
         marks = [found.status.value, f"{found.message_count} messages"]
@@ -423,22 +438,23 @@ class ServerCommands(ConsoleSession):
             marks.append("edited: never overwritten")
         if found.stale:
             marks.append("stale")
-        self.show(f"summary #{found.id} {found.period} [{', '.join(marks)}]")
+        self.session.show(f"summary #{found.id} {found.period} [{', '.join(marks)}]")
         if found.summary:
-            self.show(f"  {found.summary}")
+            self.session.show(f"  {found.summary}")
         for detail in found.key_details:
-            self.show(f"  - {detail}")
+            self.session.show(f"  - {detail}")
         if found.status == Status.MISSING and found.last_error:
-            self.show(f"  last error: {found.last_error}")
+            self.session.show(f"  last error: {found.last_error}")
 
     async def _backfill(self, days: int) -> None:
         def progress(state: BackfillProgress) -> None:
             if not state.finished:
-                self.show(f"  {state.line()}")
+                self.session.show(f"  {state.line()}")
 
-        state = await self.services.summaries.catch_up(self.channel_id, self.guild_id, days=min(days, 365), progress=progress,
-                                                       retry_now=True)
-        self.show(f"backfill done: {state.line()}")
+        state = await self.session.services.summaries.catch_up(
+            self.session.channel_id, self.session.guild_id, days=min(days, 365), progress=progress, retry_now=True
+        )
+        self.session.show(f"backfill done: {state.line()}")
         for failure in state.failed:
-            self.show(f"  failed: {failure}")
-        self.show("  running it again resumes: it only writes what is still missing")
+            self.session.show(f"  failed: {failure}")
+        self.session.show("  running it again resumes: it only writes what is still missing")

@@ -137,7 +137,7 @@ async def test_a_reply_never_waits_for_a_summary(world: World, summarizer: FakeC
     world.clock.current = datetime.combine(MONDAY + timedelta(days=1), time(10), UTC)
     outcome = await world.services.chat.handle(world.message(JUNO, "Deskmate, hello"), mentions_bot=True)
     assert outcome is not None and outcome.text == "ok"
-    assert world.services.summaries._tasks  # still summarising Monday in the background
+    assert world.services.summaries.work._tasks  # still summarising Monday in the background
     await world.services.summaries.close()
 
 

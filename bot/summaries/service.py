@@ -1,7 +1,7 @@
 """Channel summaries, what the rest of Deskmate asks of them: the prompt's summaries, the commands, forgetting.
 
 The writing (day rollovers, backfills, folding weeks) is `bot.summaries.work.SummaryWork`, which this
-class extends; the module docstring there says how summaries are made and kept.
+service owns and hands the background work to; the module docstring there says how summaries are made and kept.
 """
 
 from __future__ import annotations
@@ -10,19 +10,59 @@ import asyncio
 from collections.abc import Sequence
 from datetime import date, timedelta
 
+import asyncpg
+
+from bot.chat.log import ChatLog
+from bot.clock import Clock
+from bot.config import Settings
 from bot.db import Connection
 from bot.errors import InvalidInput, NotAllowed, NotFound
 from bot.prompt import HeadSummary, quoted
 from bot.servers.models import Actor
 from bot.servers.rules import require_manager
+from bot.servers.service import Servers
 from bot.summaries import store
 from bot.summaries.models import Kind, Off, OverviewEntry, Status, Summary
+from bot.summaries.notes import DayNotes
 from bot.summaries.work import SummaryWork
-from bot.summaries.writer import MAX_DETAIL_CHARS, MAX_KEY_DETAILS, MAX_SUMMARY_CHARS, detail_text
+from bot.summaries.writer import MAX_DETAIL_CHARS, MAX_KEY_DETAILS, MAX_SUMMARY_CHARS, SummaryWriter, detail_text
 from bot.tokens import count_tokens
 
 
-class ChannelSummaries(SummaryWork):
+class ChannelSummaries:
+    """What the rest of Deskmate asks of summaries; the writing is its `work`, the day-end notes its `notes`."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        settings: Settings,
+        clock: Clock,
+        chat_log: ChatLog,
+        servers: Servers,
+        notes: DayNotes,
+        writer: SummaryWriter | None = None,
+    ) -> None:
+        self.work = SummaryWork(pool, settings, clock, chat_log, servers, notes, writer)
+        self.pool = pool
+        self.settings = settings
+        self.clock = clock
+        self.chat_log = chat_log
+        self.notes = notes
+        self.writer = self.work.writer
+        # the background work, as the chat, the cogs and the tools call it
+        self.saw = self.work.saw
+        self.recheck = self.work.recheck
+        self.purge_withdrawn = self.work.purge_withdrawn
+        self.settle = self.work.settle
+        self.close = self.work.close
+        self.catch_up = self.work.catch_up
+        self.is_enabled = self.work.is_enabled
+        self.today = self.work.today
+
+    @property
+    def active(self) -> bool:
+        return self.work.active
+
     # --- the prompt ---
 
     async def for_prompt(self, channel_id: int, guild_id: int | None) -> list[HeadSummary]:
@@ -30,7 +70,7 @@ class ChannelSummaries(SummaryWork):
         if not self.settings.summary_enabled or self.settings.summary_token_budget == 0:
             return []
         today = self.today()
-        monday = self.calendar.week_of(today)
+        monday = self.work.calendar.week_of(today)
         scopes = [channel_id, *([guild_id] if guild_id else [])]
         async with self.pool.acquire() as conn:
             found = await store.prompt_summaries(
@@ -39,12 +79,6 @@ class ChannelSummaries(SummaryWork):
         return [head_summary(s) for s in found]
 
     # --- commands ---
-
-    async def is_enabled(self, channel_id: int, guild_id: int | None) -> bool:
-        if not self.active:
-            return False
-        async with self.pool.acquire() as conn:
-            return await store.switch_for(conn, [channel_id, *([guild_id] if guild_id else [])]) is not False
 
     async def why_off(self, channel_id: int, guild_id: int | None) -> Off | None:
         """Why no summaries are written or shown in a channel (None: they are), for the commands to say in one sentence."""
@@ -68,8 +102,8 @@ class ChannelSummaries(SummaryWork):
         """Weeks, then the days not folded into a week, then past chat days with no summary yet: newest first in each."""
         today = self.today()
         first = today - timedelta(days=self.settings.summary_backfill_days)
-        known = await self._summaries_since(channel_id, date.min)
-        chat_days = await self._chat_days(channel_id, first, today)
+        known = await self.work.summaries_since(channel_id, date.min)
+        chat_days = await self.work.chat_days(channel_id, first, today)
         entries = [
             OverviewEntry(s.kind, s.period_start, s, count_tokens(head_summary(s).line) if s.status == Status.READY else 0)
             for s in known.values()
@@ -128,24 +162,24 @@ class ChannelSummaries(SummaryWork):
         if not self.active:
             raise NotAllowed("summaries are off here, or no summary model is configured (SUMMARY_MODEL or CHAT_MODEL)")
         today = self.today()
-        async with self._locks.setdefault(channel_id, asyncio.Lock()):
+        async with self.work.locks.setdefault(channel_id, asyncio.Lock()):
             if found.kind == Kind.DAY:  # a deleted or missing day is written anew like any other
-                written = await self._summarise_day_anew(channel_id, guild_id, found.period_start, today)
+                written = await self.work.summarise_day_anew(channel_id, guild_id, found.period_start, today)
             else:
                 days = [
-                    s for (kind, start), s in (await self._summaries_since(channel_id, found.period_start)).items()
+                    s for (kind, start), s in (await self.work.summaries_since(channel_id, found.period_start)).items()
                     if kind == Kind.DAY and start < found.period_start + timedelta(days=7) and s.status == Status.READY
                 ]
                 if not days:
                     raise NotFound(f"the days of {found.period} have no summaries to fold")
-                written = await self._write_week(channel_id, guild_id, found.period_start, days, today)
+                written = await self.work.write_week(channel_id, guild_id, found.period_start, days, today)
         if written is None:
             raise NotAllowed(f"messages of {found.period} were deleted or edited while it was written; try again")
         return written
 
     async def channels_to_backfill(self, days: int) -> list[tuple[int, int | None]]:
         """Every channel with messages in the last `days` chat days (for `python -m bot summarize --backfill`)."""
-        return await self.chat_log.channels_with_messages(self.calendar.start_of(self.today() - timedelta(days=days)))
+        return await self.chat_log.channels_with_messages(self.work.calendar.start_of(self.today() - timedelta(days=days)))
 
     # --- forgetting (parts of one transaction the caller owns) ---
 

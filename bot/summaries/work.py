@@ -50,8 +50,6 @@ Progress = Callable[[BackfillProgress], Awaitable[None] | None]
 class SummaryWork:
     """Writing summaries: the background catch-up after a day rollover, backfills, and folding weeks."""
 
-    is_enabled: Callable[[int, int | None], Awaitable[bool]]  # ChannelSummaries': whether a channel is summarised
-
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -72,7 +70,7 @@ class SummaryWork:
         self.withdrawals = Withdrawals(chat_log, servers)
         self.calendar = ChatCalendar(settings.summary_timezone, settings.summary_day_start_hour)
         self._seen_day: dict[int, date] = {}
-        self._locks: dict[int, asyncio.Lock] = {}
+        self.locks: dict[int, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
@@ -81,6 +79,13 @@ class SummaryWork:
 
     def today(self) -> date:
         return self.calendar.day_of(self.clock.now())
+
+    async def is_enabled(self, channel_id: int, guild_id: int | None) -> bool:
+        """Whether a channel is summarised: summaries are on, and neither the channel nor its server switched them off."""
+        if not self.active:
+            return False
+        async with self.pool.acquire() as conn:
+            return await store.switch_for(conn, [channel_id, *([guild_id] if guild_id else [])]) is not False
 
     # --- the day rollover, in the background ---
 
@@ -150,11 +155,11 @@ class SummaryWork:
         if not await self.is_enabled(channel_id, guild_id):
             state.finished = True
             return state
-        async with self._locks.setdefault(channel_id, asyncio.Lock()):
+        async with self.locks.setdefault(channel_id, asyncio.Lock()):
             today = self.today()
             first = await self._window_start(channel_id, today, days)
-            chat_days = await self._chat_days(channel_id, first, today)
-            known = await self._summaries_since(channel_id, self.calendar.week_of(first))
+            chat_days = await self.chat_days(channel_id, first, today)
+            known = await self.summaries_since(channel_id, self.calendar.week_of(first))
             todo = [day for day in chat_days if self._needs_summary(known.get((Kind.DAY, day)), today, retry_now)]
             state.days_total = len(todo)
             await _report(progress, state)
@@ -162,7 +167,7 @@ class SummaryWork:
                 if stop is not None and stop.is_set():
                     state.stopped = True
                     break
-                written = await self._summarise_day_anew(channel_id, guild_id, day, today)
+                written = await self.summarise_day_anew(channel_id, guild_id, day, today)
                 state.days_done += 1
                 if written is None:
                     state.failed.append(f"{period_label(Kind.DAY, day)}: its messages kept changing while it was written")
@@ -189,7 +194,7 @@ class SummaryWork:
             return retry_now or found.retry_on is None or found.retry_on <= today
         return found.stale
 
-    async def _summarise_day_anew(self, channel_id: int, guild_id: int | None, day: date, today: date) -> Summary | None:
+    async def summarise_day_anew(self, channel_id: int, guild_id: int | None, day: date, today: date) -> Summary | None:
         """`_summarise_day`, again from what is left when something was withdrawn meanwhile (a few times at most)."""
         for _ in range(WITHDRAWN_RETRIES + 1):
             written = await self._summarise_day(channel_id, guild_id, day, today)
@@ -255,7 +260,7 @@ class SummaryWork:
             if week is not None and week.status == Status.MISSING and not self._needs_summary(week, today, retry_now):
                 continue
             if week is None or (not week.edited and week.status != Status.DELETED):
-                written = await self._write_week(channel_id, guild_id, monday, ready, today)
+                written = await self.write_week(channel_id, guild_id, monday, ready, today)
                 if written is not None and written.status != Status.MISSING:
                     folded += 1
                 continue
@@ -265,7 +270,7 @@ class SummaryWork:
                     folded += 1
         return folded
 
-    async def _write_week(
+    async def write_week(
         self, channel_id: int, guild_id: int | None, monday: date, days: Sequence[Summary], today: date
     ) -> Summary | None:
         """Write a week from its day summaries (each day's facts as they stand now, after the week's corrections),
@@ -331,12 +336,12 @@ class SummaryWork:
         )
         return min(first, last) if last is not None else first
 
-    async def _chat_days(self, channel_id: int, first: date, today: date) -> list[date]:
+    async def chat_days(self, channel_id: int, first: date, today: date) -> list[date]:
         since, until = self.calendar.start_of(first), self.calendar.start_of(today)
         zone, hour = self.calendar.zone_name, self.calendar.start_hour
         return await self.chat_log.chat_days(channel_id, since, until, zone, hour)
 
-    async def _summaries_since(self, channel_id: int, since: date) -> dict[tuple[Kind, date], Summary]:
+    async def summaries_since(self, channel_id: int, since: date) -> dict[tuple[Kind, date], Summary]:
         async with self.pool.acquire() as conn:
             return {(s.kind, s.period_start): s for s in await store.summaries_since(conn, channel_id, since)}
 
