@@ -246,8 +246,8 @@ def test_a_lead_in_that_only_says_an_answer_follows_goes(reply: str, left: str) 
 )
 def test_a_memory_line_in_a_json_block_and_tool_response_tags_are_not_posted(reply: str, left: str) -> None:
     """Qwen2.5-Coder 0.5B answered in ```json memory lines, then copied that format; 1.5B posted the tool result's
-    tags of its chat template."""
-    checked = check(reply, facts("What's the capital of France?"))
+    tags of its chat template (after a save that ran: its "Done!" is true)."""
+    checked = check(reply, facts("What's the capital of France?", done=("saved",)))
     assert checked.text == left and TOOL_WORDING in checked.problems
 
 
@@ -294,3 +294,17 @@ def test_a_reply_that_is_one_json_object_is_never_posted_as_json(reply: str, lef
     """Qwen2.5-Coder 0.5B answered two turns with a JSON object of its own making."""
     checked = check(reply, facts("¿Cuándo es la noche de juegos?"))
     assert checked.text == left and TOOL_WORDING in checked.problems
+
+
+@pytest.mark.parametrize("reply", ["Done.", "Done!", "All done.", "Okay, updated!", "Got it, saved.", "Listo.", "Hecho."])
+def test_a_bare_acknowledgement_with_nothing_done_is_a_claim(reply: str) -> None:
+    """Qwen2.5-Coder 1.5B answered "Please update that" with "Done." and made no call: the change was claimed."""
+    checked = check(reply, facts("Game night moved to Saturdays at 7pm. Please update that."))
+    assert CLAIM in checked.problems and checked.text in (NOT_SAVED, NOT_SAVED_ES)
+    assert check(reply, facts("Game night moved to Saturdays at 7pm. Please update that.", done=("updated",))).text == reply
+
+
+def test_done_inside_a_longer_answer_is_no_claim() -> None:
+    """Only an acknowledgement that is the whole sentence says a change ran: "when you're done" is no claim."""
+    checked = check("Let me know when you're done with the board game.", facts("I'm setting up the game"))
+    assert CLAIM not in checked.problems

@@ -152,11 +152,11 @@ def test_the_bots_own_notice_is_not_read_as_an_echo() -> None:
 
 def _answers(body: dict[str, object]) -> str:
     """A small model's habits: the speaker label and id in front, the message echoed, English to a Spanish question
-    (until asked again in Spanish), a claimed save. Each answer otherwise new, so none repeats another."""
+    (until asked again, in Spanish), a claimed save. Each answer otherwise new, so none repeats another."""
     messages = body["messages"]  # type: ignore[index]
     last = str(messages[-1]["content"])  # type: ignore[index]
     asked = last.rsplit("): ", 1)[-1]
-    if "Answer in Spanish" in last:
+    if "Responde ahora" in last:  # the request to answer again, written in Spanish for a Spanish message
         question = str(messages[-3]["content"]).rsplit("): ", 1)[-1]  # type: ignore[index]
         return f"Claro que sí: {question[::-1]}"
     if "only repeated" in last:

@@ -287,9 +287,19 @@ _CLAIMS: dict[str, tuple[re.Pattern[str], ...]] = {
         re.compile(r"\b(?:memory|note)\s+(?:has been|was|is now)\s+(?:deleted|removed|forgotten|erased)\b", re.IGNORECASE),
         re.compile(r"(?<!no )\bhe\s+(?:olvidado|borrado|eliminado)\b|\b(?:olvidaré|borraré)\b", re.IGNORECASE),
     ),
+    # a reply that is only an acknowledgement ("Done.", "Updated!", "Listo.") says a change ran, of whatever kind asked
+    "done": (
+        re.compile(
+            r"^\s*(?:(?:ok(?:ay)?|sure|got it|alright|vale|claro)\s*[,!.]?\s*)?(?:all\s+|it's\s+|it is\s+)?"
+            r"(?:done|updated|saved|noted|changed|deleted|forgotten|removed|hecho|listo|actualizado|guardado|anotado|"
+            r"borrado)\s*[.!]*\s*$",
+            re.IGNORECASE,
+        ),
+    ),
 }
 # what really ran, for each kind of claim
 _BACKED_BY = {
+    "done": {"saved", "updated", "forgotten", "remembered"},
     "saved": {"saved", "updated", "remembered"},
     "updated": {"updated", "saved"},
     "forgotten": {"forgotten"},
@@ -438,14 +448,26 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
 
 
 def again_request(problems: Collection[str], author_name: str, spanish: bool) -> str:
-    """What the model is told when its answer cannot be posted: short, and nothing it could usefully copy."""
+    """What the model is told when its answer cannot be posted: short, and nothing it could usefully copy. To a
+    Spanish message it is written in Spanish: a small model answers in the language of the last thing it read, so
+    an English request for a Spanish answer got English again."""
+    if spanish:
+        if ECHO in problems:
+            why = f"Eso solo repetía el mensaje de {author_name}."
+        elif REPEAT in problems:
+            why = "Eso repetía una de tus respuestas anteriores."
+        elif LANGUAGE in problems:
+            why = f"{author_name} escribió en español."
+        else:
+            why = "Eso no tenía ninguna respuesta."
+        return (
+            f"[{why} Responde ahora a {author_name} en español, con tus propias palabras, brevemente, "
+            "sin nombre ni etiqueta delante.]"
+        )
     if ECHO in problems:
         why = f"That only repeated {author_name}'s message."
     elif REPEAT in problems:
         why = "That repeated one of your earlier replies."
-    elif LANGUAGE in problems:
-        why = f"{author_name} wrote in Spanish."
     else:
         why = "That had no answer in it."
-    language = " Answer in Spanish." if spanish else ""
-    return f"[{why} Answer {author_name} now in your own words, briefly, with no name or label in front.{language}]"
+    return f"[{why} Answer {author_name} now in your own words, briefly, with no name or label in front.]"
