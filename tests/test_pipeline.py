@@ -159,7 +159,7 @@ async def test_tool_calls_save_and_forget_with_notices(
     make_pipeline: MakePipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool
 ) -> None:
     pipeline = await make_pipeline()
-    old = await save(pipeline.core, "The server was founded in 2019")
+    old = await save(pipeline.core, "Movie night used to be on Fridays")  # the message is about it: it may go
     chat.tool_calls(
         ("save_memory", {"text": "Juno's cat is called Mochi", "list": "personal"}),
         ("save_memory", {"text": "Movie night is on Saturdays", "list": "server"}),

@@ -580,6 +580,38 @@ async def test_the_model_cannot_forget_a_protected_memory(
     assert outcome.status == ReplyStatus.REPLIED and outcome.chunks == ["Okay."]
 
 
+@pytest.mark.parametrize(
+    ("text", "asked", "forgotten"),
+    [
+        ("Juno is learning Spanish", "Forget Bau's birthday, please.", False),  # what Qwen2.5-Coder 1.5B did with this id
+        ("Juno is learning Spanish", "Please forget that I'm learning Spanish", True),
+        ("Juno estudia español", "olvida que estudio español, por favor", True),
+        ("Juno estudia español", "borra lo de mi cumpleaños", False),
+        ("Juno is learning Spanish", "forget that, please", True),  # names nothing: what it points at is the model's to say
+    ],
+)
+async def test_the_model_forgets_only_a_memory_the_message_is_about(
+    pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool, text: str, asked: str,
+    forgotten: bool,
+) -> None:
+    saved = await pipeline.core.save(
+        NewMemory(MemoryList.PERSONAL, text, by=JUNO, via=Source.BOT, guild_id=GUILD, owner_id=JUNO)
+    )
+    assert saved.saved is not None
+    target = saved.saved.id
+    chat.tool_calls(("forget_memory", {"memory_id": target})).text("Okay.")
+    outcome = await pipeline.reply(juno(asked, clock))
+
+    [result] = chat.tool_results(1)
+    remaining = [m["text"] for m in await memories(pool)]
+    if forgotten:
+        assert result == {"ok": True, "forgotten": target} and remaining == []
+    else:
+        assert result["ok"] is False and "does not ask to forget" in result["error"] and text in result["error"]
+        assert remaining == [text]
+        assert outcome.changes == [] and outcome.notices is None  # the model's mistake, told to the model only
+
+
 @pytest.mark.parametrize("can_manage", [False, True])
 async def test_forgetting_a_server_memory_needs_manage_server(
     pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool, can_manage: bool

@@ -344,8 +344,8 @@ class MemoryTools:
     async def _tool_forget(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
         memory_id = self._shown_id(arguments, context)
         self._spend_action(context)
-        result = await self.core.delete(
-            memory_id, by=context.message.author_id, via=Source.BOT, by_can_manage=context.message.author_can_manage
+        result = await self.core.forget_by_model(
+            memory_id, context.message.text, by=context.message.author_id, by_can_manage=context.message.author_can_manage
         )
         if not result.forgotten:
             return self._refused(result, context, memory_id, None, "", None)

@@ -8,6 +8,11 @@ updates and the day-end corrections are applied only when the two texts are abou
             such as the person both are about, do not count) else cosine(old, new)
     same subject  iff  score >= UPDATE_MIN_SIMILARITY (0.55 for the built-in model)
 
+The model's `forget_memory` follows a rule of the same kind: a small model asked to "forget Bau's birthday"
+deleted "Juno is learning Spanish" (the id it had in view). A memory is forgotten by the model only when the
+message asking for it names nothing (a bare "forget that": what it points at is the model's to say), or shares a
+content word with the memory, or is about the same subject by the cosine rule.
+
 Calibrated on the hand-made pairs of tests/data/updates.jsonl (corrections, additions and unrelated facts
 about the same person, some in Spanish); docs/memory-rules.md gives the figures. Without an embedding the
 shared word alone decides.
@@ -38,14 +43,14 @@ def _bare(word: str) -> str:
     return "".join(c for c in unicodedata.normalize("NFKD", word.casefold()) if not unicodedata.combining(c))
 
 
-def content_stems(text: str) -> set[str]:
+def content_stems(text: str, *, keep_first: bool = False) -> set[str]:
     """The words of a text that name its subject, cut to a crude stem ("nursing" and "nurse" -> "nurs").
 
     The capitalised word that opens the text is left out: in "Juno's cat is called Mochi" it is the person
     every memory of Juno's list is about, and sharing it says nothing.
     """
     words = WORD.findall(text)
-    if words and words[0][:1].isupper():
+    if words and words[0][:1].isupper() and not keep_first:
         words = words[1:]
     stems = set()
     for word in words:
@@ -74,3 +79,19 @@ def same_subject(old: str, new: str, cosine: float | None, threshold: float) -> 
     if score is None:
         return shares_a_word(old, new)
     return score >= threshold
+
+
+# The words of asking to forget, which name no subject ("please forget", "borra eso").
+_FORGET_WORDS = """
+    forget forgot forgotten delete deleted remove erase please memory memories remember anymore
+    olvida olvidar olvides borra borrar borres elimina eliminar recuerdo recuerdos favor
+"""
+_FORGET_STEMS = frozenset(_bare(word).removesuffix("s")[:STEM_LENGTH] for word in _FORGET_WORDS.split())
+
+
+def asked_to_forget(memory_text: str, asked: str, cosine: float | None, threshold: float) -> bool:
+    """Whether the message `asked` may be what made the model forget `memory_text` (see the module docstring)."""
+    named = content_stems(asked) - _FORGET_STEMS
+    if not named or named & content_stems(memory_text, keep_first=True):  # "Movie night is on Fridays" names a movie
+        return True
+    return cosine is not None and cosine >= threshold

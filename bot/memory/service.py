@@ -133,6 +133,10 @@ class MemoryCore:
     ) -> SaveResult:
         return await self.writes.delete(memory_id, by=by, via=via, by_can_manage=by_can_manage)
 
+    async def forget_by_model(self, memory_id: int, asked: str, *, by: int, by_can_manage: bool = False) -> SaveResult:
+        """The model's forget: refused when the message asking is about something else than the memory."""
+        return await self.updates.forget_by_model(memory_id, asked, by=by, by_can_manage=by_can_manage)
+
     async def move_scope(self, ref: ListRef, memory_id: int, *, to_global: bool) -> Memory:
         return await self.bulk.move_scope(ref, memory_id, to_global=to_global)
 

@@ -21,7 +21,7 @@ from bot.embeddings.service import Embeddings
 from bot.errors import InvalidInput
 from bot.memory import notes_store, store, versions_store
 from bot.memory.models import Memory, NewMemory, Rejection, SaveResult, Source
-from bot.memory.relatedness import same_subject
+from bot.memory.relatedness import asked_to_forget, same_subject
 from bot.memory.saves import SaveCheck, _rejected
 from bot.memory.visibility import clean_text, context_words
 from bot.memory.writes import MemoryWrites
@@ -96,8 +96,28 @@ class ModelUpdates:
         )
         return await self._save_beside(memory, beside, search_available=search_available, check=check)
 
+    async def forget_by_model(self, memory_id: int, asked: str, *, by: int, by_can_manage: bool = False) -> SaveResult:
+        """The model's `forget_memory`, asked by the message `asked`: refused when the message is about something
+        else than the memory, so a small model's wrong id cannot erase a fact; otherwise a delete like any other."""
+        async with self.pool.acquire() as conn:
+            memory = await store.get_memory(conn, memory_id)
+        if memory is not None and not asked_to_forget(
+            memory.text, asked, await self._cosine_to(memory, asked), self.settings.update_min_similarity
+        ):
+            return _rejected(
+                Rejection.INVALID_TEXT,
+                f"memory #{memory_id} is \"{memory.text}\", which the message does not ask to forget; nothing was "
+                "forgotten. Forget only a memory the message is about",
+            )
+        return await self.writes.delete(memory_id, by=by, via=Source.BOT, by_can_manage=by_can_manage)
+
     async def is_same_subject(self, memory: Memory, new_text: str) -> bool:
         """Whether `new_text` may replace `memory`'s text as an update (by its stored vector when it has one)."""
+        return same_subject(memory.text, new_text, await self._cosine_to(memory, new_text), self.settings.update_min_similarity)
+
+    async def _cosine_to(self, memory: Memory, new_text: str) -> float | None:
+        """How close `new_text` is to the memory, by its stored vector when it has one; None when nothing can be
+        embedded now (then the words alone decide)."""
         cosine = None
         space = await self.embeddings.space_id()
         if space is not None:
@@ -108,8 +128,8 @@ class ModelUpdates:
                 vectors = await self.embeddings.embedder.embed(texts)
                 cosine = _cosine(np.asarray(old if old is not None else vectors[1]), np.asarray(vectors[0]))
             except EmbeddingError as exc:
-                log.warning("Could not embed an update to compare it with memory #%s, judging by its words: %s", memory.id, exc)
-        return same_subject(memory.text, new_text, cosine, self.settings.update_min_similarity)
+                log.warning("Could not embed a text to compare it with memory #%s, judging by its words: %s", memory.id, exc)
+        return cosine
 
     async def _save_beside(
         self, memory: Memory, request: NewMemory, *, search_available: bool, check: SaveCheck | None
