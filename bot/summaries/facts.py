@@ -250,7 +250,7 @@ class FactCheck:
                 if memory.list == MemoryList.PERSONAL and memory.owner_id != note.speaker.user_id:
                     continue
                 cosine = float(vectors[row] @ vectors[len(open_notes) + column]) if vectors is not None else None
-                if same_subject(memory.text, note.text, cosine, self.update_min_similarity):
+                if same_subject(memory.text, note.text, cosine, self.update_min_similarity, declared_change=True):
                     scored.append((subject_score(memory.text, note.text, cosine) or 0.0, memory))
             if scored:
                 best = max(scored, key=lambda pair: pair[0])[1]
