@@ -65,7 +65,7 @@ How to answer:
 - Answer the last message in your own words. Do not repeat the message, and do not repeat an earlier reply.
 - Start with the answer itself: never with a name, a label or a user ID, and never write lines for other people.
 - Never mention a memory's id, a user ID or what a tool answered: people read a notice of what was done.
-- Answer in the language of the last message: a message in Spanish gets an answer in Spanish.
+- Write your answer in the same language as the last message. Never translate a message.
 - Be as brief as the message deserves (Discord markdown works). Never write @everyone or @here."""
 
 

@@ -17,6 +17,7 @@ from bot.chat.reply_text import (
     EMPTY,
     FENCE,
     LABEL,
+    LANGUAGE,
     LEAD_IN,
     NOT_SAVED,
     NOT_SAVED_ES,
@@ -28,6 +29,7 @@ from bot.chat.reply_text import (
     history_text,
     honest_sentence,
     is_own_line,
+    without_transcript,
 )
 from bot.tools.smoke_checks import posted_part
 
@@ -66,6 +68,23 @@ def test_a_transcript_the_model_goes_on_writing_ends_at_the_next_speaker() -> No
 def test_an_id_inside_the_reply_becomes_the_name() -> None:
     checked = check(f"I think user {BAU} said that, and Rin (user {RIN}) agreed.", facts("who said that?"))
     assert checked.text == "I think Bau said that, and Rin agreed." and USER_ID in checked.problems
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (  # what Qwen2.5-Coder 0.5B saved, and its notice showed to everyone
+            f"Your birthday is on May 3, please remember it. Rin (user {RIN}): Hey Deskmate, I'm Rin. My birthday is on May 3.",
+            "Your birthday is on May 3, please remember it.",
+        ),
+        (f"Rin (user {RIN}): my birthday is on May 3", "my birthday is on May 3"),
+        (f"Rin's birthday is May 3 (user {RIN})", "Rin's birthday is May 3"),
+        (f"user {BAU} hosts game night", "Bau hosts game night"),
+        ("Juno's cat is called Mochi", "Juno's cat is called Mochi"),
+    ],
+)
+def test_a_memory_text_keeps_nothing_of_the_transcript(text: str, expected: str) -> None:
+    assert without_transcript(text, SPEAKERS) == expected
 
 
 @pytest.mark.parametrize("reply", ["```", "```plaintext", "```plaintext\n```", "  ```\n\n```  "])
@@ -157,6 +176,21 @@ def test_an_ordinary_answer_passes_unchanged() -> None:
     reply = "Try *The Left Hand of Darkness* by Ursula K. Le Guin: short, and it stays with you."
     checked = check(reply, facts("can you recommend a good sci-fi novel?", earlier=("Game night is on Friday.",)))
     assert checked.text == reply and checked.problems == () and checked.usable
+
+
+@pytest.mark.parametrize(
+    ("answered", "reply", "wrong"),
+    [
+        ("What do you know about me?", "¿Qué conoces sobre mí?", True),  # what Qwen2.5-Coder 0.5B answered
+        ("¿Cuándo es la noche de juegos?", "Game night is on Friday at 8pm.", True),
+        ("¿Cuándo es la noche de juegos?", "La noche de juegos es el viernes a las 8.", False),
+        ("When is the meetup?", "Lucía moved it to Sunday at 18:00.", False),
+        ("How do I say 'where is the library' in Spanish?", "¿Dónde está la biblioteca?", False),
+    ],
+)
+def test_an_answer_in_the_other_language_is_asked_for_again(answered: str, reply: str, wrong: bool) -> None:
+    checked = check(reply, facts(answered))
+    assert (LANGUAGE in checked.problems) is wrong and checked.usable
 
 
 def test_the_bots_own_lines_are_not_shown_to_the_model_as_its_words() -> None:

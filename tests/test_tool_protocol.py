@@ -557,6 +557,17 @@ async def test_the_same_save_twice_in_one_answer_stores_one_memory(
     assert outcome.notices is not None and len(outcome.notices.lines) == 1
 
 
+async def test_a_saved_text_copied_from_the_transcript_keeps_no_label_or_id(
+    pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool
+) -> None:
+    copied = f"Juno's cat is called Mochi. Juno (user {JUNO}): Hi! I'm Juno. Please remember that my cat is called Mochi."
+    chat.tool_calls(("save_memory", {"text": copied, "list": "personal"})).text("Nice name!")
+    outcome = await pipeline.reply(juno("Please remember that my cat is called Mochi.", clock))
+
+    assert [m["text"] for m in await memories(pool)] == ["Juno's cat is called Mochi."]
+    assert outcome.notices is not None and str(JUNO) not in "\n".join(outcome.notices.lines)
+
+
 # --------------------------------------------------------------------------------------------------------
 # 6. The model acts with the author's rights
 

@@ -15,7 +15,8 @@ once more. So every reply passes `check` before it is posted:
   and one line says that nothing was saved (people must be able to trust such a sentence);
 - what is left is flagged when it is empty, an echo of the message, or a repeat of an earlier reply:
   the reply pipeline then asks the model once more, and if that fails too, posts one honest sentence;
-- an English answer to a Spanish message is asked for once more too, but kept if the second try is no better.
+- an answer in the other language (English to a Spanish message, Spanish to an English one) is asked for once more
+  too, but kept if the second try is no better.
 
 `history_text` is the other half: the bot's own fixed sentences (notices, apologies, the line about nothing
 being saved) are not the model's words, so they are never shown to it as such.
@@ -110,6 +111,34 @@ def looks_spanish(text: str) -> bool:
     return sum(word in _SPANISH_WORDS for word in words) >= 3
 
 
+_ENGLISH_WORDS = frozenset((
+    "the", "is", "are", "you", "your", "what", "when", "where", "how", "my", "me", "do", "does", "can", "to", "of",
+    "and", "it", "please", "thanks", "again", "now", "with", "about", "know", "remember", "i", "i'm", "that", "this",
+))
+
+
+_ABOUT_LANGUAGE = re.compile(r"spanish|español|translat|tradu[cz]", re.IGNORECASE)
+
+
+def _word_counts(text: str) -> tuple[int, int]:
+    """English and Spanish common words in `text`; an inverted question or exclamation mark counts as two Spanish."""
+    words = re.findall(r"[\w']+", text.casefold())
+    spanish = sum(word in _SPANISH_WORDS for word in words) + 2 * ("¿" in text or "¡" in text)
+    return sum(word in _ENGLISH_WORDS for word in words), spanish
+
+
+def wrong_language(answered: str, reply: str) -> bool:
+    """An English answer to a Spanish message, or a Spanish one to a plainly English message (Qwen2.5-Coder 0.5B
+    answered "What do you know about me?" with "¿Qué conoces sobre mí?")."""
+    if looks_spanish(answered):
+        return not looks_spanish(reply)
+    if _ABOUT_LANGUAGE.search(answered):  # "how do I say that in Spanish?" wants Spanish in the answer
+        return False
+    english, spanish = _word_counts(answered)
+    reply_english, reply_spanish = _word_counts(reply)
+    return english >= 2 and spanish == 0 and reply_spanish >= 2 and reply_spanish > reply_english
+
+
 def honest_sentence(answered: str) -> str:
     return HONEST_ES if looks_spanish(answered) else HONEST
 
@@ -165,6 +194,23 @@ def _strip_labels(text: str, facts: ReplyFacts, problems: list[str]) -> str:
     if without_ids != text:
         problems.append(USER_ID)
     return without_ids
+
+
+def without_transcript(text: str, speakers: Mapping[int, str]) -> str:
+    """A memory text the model wrote, without what it copied of the transcript: a speaker label in front, the
+    transcript it went on copying after a label further on ("...remember it. Rin (user 4012...): Hey..."), and any
+    user id (a speaker's is written as their name). Whom a memory is about is kept beside it by id, so an id in its
+    text only reaches whoever reads the memory or its notice."""
+    facts = ReplyFacts(answered="", speakers=speakers)
+    problems: list[str] = []
+    cleaned = _strip_labels(text.strip(), facts, problems)
+    known = _names_pattern(speakers.values())
+    later_label = re.compile(rf"(?:(?:{known})[ \t]*)?{_ID_LABEL}[ \t]*:" if known else rf"{_ID_LABEL}[ \t]*:", re.IGNORECASE)
+    for found in later_label.finditer(text.strip()):
+        before = text.strip()[: found.start()]
+        if _has_words(before):  # the same cut `_strip_labels` makes at a line, made inside one
+            return _strip_labels(before, facts, problems).strip()
+    return cleaned.strip()
 
 
 # --- lead-ins -----------------------------------------------------------------------------------------------
@@ -442,7 +488,7 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
     elif is_repeat(history_text(cleaned), facts.earlier_replies, facts.earlier_asked, facts.answered,
                    (*facts.speakers.values(), facts.persona_name)):
         problems.append(REPEAT)
-    elif looks_spanish(facts.answered) and not looks_spanish(cleaned):
+    elif wrong_language(facts.answered, cleaned):
         problems.append(LANGUAGE)  # usable, but worth one more try in the right language
     return CheckedReply(cleaned, tuple(dict.fromkeys(problems)))
 
@@ -468,6 +514,8 @@ def again_request(problems: Collection[str], author_name: str, spanish: bool) ->
         why = f"That only repeated {author_name}'s message."
     elif REPEAT in problems:
         why = "That repeated one of your earlier replies."
+    elif LANGUAGE in problems:
+        why = f"{author_name} wrote in English."
     else:
         why = "That had no answer in it."
     return f"[{why} Answer {author_name} now in your own words, briefly, with no name or label in front.]"

@@ -15,6 +15,7 @@ from typing import Any
 from bot.chat.arguments import as_bool, as_list_name, as_memory_id, as_user_ref
 from bot.chat.messages import IncomingMessage
 from bot.chat.notices import ChangeKind, MemoryChange, room_changes
+from bot.chat.reply_text import without_transcript
 from bot.config import Settings
 from bot.errors import InvalidInput
 from bot.failures import database_sentence
@@ -155,8 +156,11 @@ def _arguments(raw: str | None) -> dict[str, Any]:
     return arguments
 
 
-def _text_argument(arguments: dict[str, Any], max_chars: int) -> str:
+def _text_argument(arguments: dict[str, Any], max_chars: int, context: ToolContext) -> str:
+    """The memory text, without what the model copied of the transcript (labels, user ids): see `without_transcript`."""
     text = arguments.get("text")
+    if isinstance(text, str):
+        text = without_transcript(text, context.names)
     if not isinstance(text, str) or not text.strip():
         raise ToolCallError("text is missing: give the fact to remember as a non-empty string")
     if len(text.strip()) > max_chars:
@@ -249,7 +253,7 @@ class MemoryTools:
         return {"ok": False, "error": refusal.sentence}
 
     async def _tool_save(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
-        text = _text_argument(arguments, self.settings.memory_max_chars)
+        text = _text_argument(arguments, self.settings.memory_max_chars, context)
         raw_list = arguments.get("list")
         list_name = as_list_name(raw_list)
         if (raw_list in (None, "") or (isinstance(raw_list, list) and "personal" in raw_list)) and list_name is None:
@@ -311,7 +315,7 @@ class MemoryTools:
 
     async def _tool_update(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
         memory_id = self._shown_id(arguments, context)
-        text = _text_argument(arguments, self.settings.memory_max_chars)
+        text = _text_argument(arguments, self.settings.memory_max_chars, context)
         self._spend_action(context)
         result = await self.core.update_by_model(
             memory_id,
