@@ -620,6 +620,25 @@ async def test_a_change_of_the_groups_plans_named_after_its_speaker_corrects_the
     )
 
 
+async def test_a_declared_change_in_other_words_still_corrects_the_fact_it_shares_a_word_with(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    """What Qwen2.5-Coder 1.5B wrote of the Spanish meetup: the change in English words, close only by the lower bar a
+    line saying it changes something gets. Both the note's check and the update itself hold it to that bar."""
+    await say(world, MONDAY, [(JUNO, "la quedada del servidor es el sábado a las 18h en el parque del Retiro")],
+              author_can_manage=True)
+    summarizer.text(facts(("P1", "server", "The server's meeting is on Saturday at 6 PM in the park of the Retiro.")))
+    await end_day(world, MONDAY)
+    [meetup] = await memories(world)
+    later = MONDAY + timedelta(days=2)
+    await say(world, later, [(JUNO, "la quedada se cambia al domingo a las 18h, por la lluvia")], author_can_manage=True)
+    summarizer.text(facts(("P1", "self", "Juno changed the meeting time to Sunday at 18:00 due to rain.")))
+    await end_day(world, later)
+    [now] = await memories(world)
+    changed = "Juno changed the meeting time to Sunday at 18:00 due to rain."
+    assert (now.id, now.list, now.text) == (meetup.id, MemoryList.SERVER, changed)
+
+
 async def test_an_unmarked_correction_of_a_server_fact_changes_it_only_for_a_speaker_who_may(
     world: World, summarizer: FakeChatServer
 ) -> None:

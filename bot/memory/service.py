@@ -113,11 +113,14 @@ class MemoryCore:
         search_available: bool = True,
         check: SaveCheck | None = None,
         source_messages: tuple[tuple[int, int, int], ...] = (),
+        declared_change: bool = False,
     ) -> SaveResult:
-        """The model's update: applied when about the same subject, otherwise saved as a new memory beside it."""
+        """The model's update: applied when about the same subject, otherwise saved as a new memory beside it
+        (`declared_change`: a day-end correction from a line that says it changes something, held to a lower bar)."""
         return await self.updates.update_by_model(
             memory_id, text, by=by, guild_id=guild_id, via=via, by_can_manage=by_can_manage, reason=reason,
             search_available=search_available, check=check, source_messages=source_messages,
+            declared_change=declared_change,
         )
 
     async def memories_for_notes(

@@ -61,6 +61,7 @@ class ModelUpdates:
         search_available: bool = True,
         check: SaveCheck | None = None,
         source_messages: tuple[tuple[int, int, int], ...] = (),
+        declared_change: bool = False,
     ) -> SaveResult:
         """Apply the model's new text to a memory, or, when it is about something else, save it as a new memory.
 
@@ -78,7 +79,7 @@ class ModelUpdates:
             refusal = await self.writes.change_refusal(conn, memory, by, via, by_can_manage, deleting=False)
         if refusal is not None:
             return refusal
-        if await self.is_same_subject(memory, cleaned):
+        if await self.is_same_subject(memory, cleaned, declared_change=declared_change):
             return await self.writes.edit(
                 memory_id, cleaned, by=by, via=via, by_can_manage=by_can_manage, reason=reason, check=check,
                 source_messages=source_messages,
@@ -111,9 +112,12 @@ class ModelUpdates:
             )
         return await self.writes.delete(memory_id, by=by, via=Source.BOT, by_can_manage=by_can_manage)
 
-    async def is_same_subject(self, memory: Memory, new_text: str) -> bool:
+    async def is_same_subject(self, memory: Memory, new_text: str, *, declared_change: bool = False) -> bool:
         """Whether `new_text` may replace `memory`'s text as an update (by its stored vector when it has one)."""
-        return same_subject(memory.text, new_text, await self._cosine_to(memory, new_text), self.settings.update_min_similarity)
+        cosine = await self._cosine_to(memory, new_text)
+        return same_subject(
+            memory.text, new_text, cosine, self.settings.update_min_similarity, declared_change=declared_change
+        )
 
     async def _cosine_to(self, memory: Memory, new_text: str) -> float | None:
         """How close `new_text` is to the memory, by its stored vector when it has one; None when nothing can be

@@ -84,6 +84,7 @@ class Note:
     replaces: Memory | None
     sources: tuple[tuple[int, int, int], ...]  # (channel, message, author)
     private: bool = False  # said in a private thread: a key detail of that thread's own summary at most, never a memory
+    declared_change: bool = False  # its line says it changes something: the update is held to the lower bar
 
 
 @dataclass
@@ -254,7 +255,7 @@ class FactCheck:
                     scored.append((subject_score(memory.text, note.text, cosine) or 0.0, memory))
             if scored:
                 best = max(scored, key=lambda pair: pair[0])[1]
-                checked.notes[index] = replace(note, memory_list=best.list, replaces=best)
+                checked.notes[index] = replace(note, memory_list=best.list, replaces=best, declared_change=True)
                 taken.add(best.id)
 
     async def _unnoted_corrections(self, checked: Checked, day: DayText) -> None:

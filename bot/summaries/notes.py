@@ -237,6 +237,7 @@ class DayNotes:
             return await self.core.update_by_model(
                 note.replaces.id, note.text, by=speaker.user_id, guild_id=guild_id, via=Source.NOTES,
                 by_can_manage=speaker.can_manage, reason=reason, check=check, source_messages=note.sources,
+                declared_change=note.declared_change,
             )
         request = NewMemory(
             list=note.memory_list, text=note.text, by=speaker.user_id, via=Source.NOTES, guild_id=guild_id,
