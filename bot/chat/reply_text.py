@@ -201,16 +201,14 @@ def without_transcript(text: str, speakers: Mapping[int, str]) -> str:
     transcript it went on copying after a label further on ("...remember it. Rin (user 4012...): Hey..."), and any
     user id (a speaker's is written as their name). Whom a memory is about is kept beside it by id, so an id in its
     text only reaches whoever reads the memory or its notice."""
-    facts = ReplyFacts(answered="", speakers=speakers)
-    problems: list[str] = []
-    cleaned = _strip_labels(text.strip(), facts, problems)
+    text = text.strip()
     known = _names_pattern(speakers.values())
     later_label = re.compile(rf"(?:(?:{known})[ \t]*)?{_ID_LABEL}[ \t]*:" if known else rf"{_ID_LABEL}[ \t]*:", re.IGNORECASE)
-    for found in later_label.finditer(text.strip()):
-        before = text.strip()[: found.start()]
-        if _has_words(before):  # the same cut `_strip_labels` makes at a line, made inside one
-            return _strip_labels(before, facts, problems).strip()
-    return cleaned.strip()
+    for found in later_label.finditer(text):
+        if _has_words(text[: found.start()]):  # the same cut `_strip_labels` makes at a line, made inside one
+            text = text[: found.start()]
+            break
+    return _strip_labels(text, ReplyFacts(answered="", speakers=speakers), []).strip()
 
 
 # --- lead-ins -----------------------------------------------------------------------------------------------
