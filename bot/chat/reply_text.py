@@ -285,7 +285,8 @@ def _lone_text_object(text: str) -> str | None:
 _FENCED = re.compile(r"\A\s*`{3,}[\w+.#-]*[ \t]*\n?(.*?)\n?[ \t]*`{3,}\s*\Z", re.DOTALL)  # one whole block
 
 # The same, cut short by the output limit: an object opened with a data key and never closed.
-_OPEN_DATA = re.compile(r'\{\s*"(?:name|id|text|list|about|memory_id|arguments|ok|error)"\s*:[^}]*\Z')
+# a call or result cut off at the end; or only its first key's beginning (0.5B's answer stopped at `{"name`)
+_OPEN_DATA = re.compile(r'\{\s*"(?:(?:name|id|text|list|about|memory_id|arguments|ok|error)"\s*:[^}]*|[a-z_]{0,12})\Z')
 
 _SENTENCE = re.compile(r"[^.!?\n]*(?:[.!?]+[\"'”’)\]]*|\n|$)")
 _TOOL_WORDING = re.compile(
