@@ -568,6 +568,21 @@ async def test_a_saved_text_copied_from_the_transcript_keeps_no_label_or_id(
     assert outcome.notices is not None and str(JUNO) not in "\n".join(outcome.notices.lines)
 
 
+async def test_a_personal_memory_naming_another_participant_and_not_the_author_is_refused(
+    pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool
+) -> None:
+    await pipeline.reply(message(RIN, "I'm Rin, my birthday is on May 3, remember it", clock=clock))
+    clock.current += timedelta(minutes=1)
+    copied = "I'm Rin, my birthday is on May 3"  # what Qwen2.5-Coder 0.5B saved as Juno's, in Juno's turn
+    chat.tool_calls(("save_memory", {"text": copied, "list": "personal"})).text("Happy early birthday, Rin!")
+    outcome = await pipeline.reply(juno("nice, Rin! I'll bring cake", clock))
+
+    [result] = chat.tool_results(-1)
+    assert result["ok"] is False and "about Rin, not about Juno" in result["error"]
+    assert [m["text"] for m in await memories(pool)] == []
+    assert outcome.chunks == ["Happy early birthday, Rin!"]
+
+
 # --------------------------------------------------------------------------------------------------------
 # 6. The model acts with the author's rights
 

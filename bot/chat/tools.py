@@ -120,6 +120,16 @@ def _names(text: str, name: str) -> bool:
     return len(name) >= 2 and re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text, re.IGNORECASE) is not None
 
 
+def _other_person_named(text: str, context: ToolContext) -> str | None:
+    """Another participant the text names while it does not name the person answered: Qwen2.5-Coder 0.5B saved
+    Rin's "I'm Rin, my birthday is on May 3" as a personal memory of Bau, in Bau's turn."""
+    author = context.message.author_name
+    if _names(text, author):
+        return None
+    others = (context.names.get(user, "") for user in context.participants if user != context.message.author_id)
+    return next((name for name in others if _names(text, name) and not _names(author, name)), None)
+
+
 def _about_user(value: object, context: ToolContext) -> int:
     """The participant a personal memory is about: an id, a <@id> mention or a display name of a participant."""
     found = as_user_ref(value)
@@ -273,6 +283,12 @@ class MemoryTools:
             about = context.message.author_id
             if arguments.get("about_user") not in (None, ""):
                 about = _about_user(arguments["about_user"], context)
+            other = _other_person_named(text, context) if about == context.message.author_id else None
+            if other is not None:
+                raise ToolCallError(
+                    f"the text is about {other}, not about {context.message.author_name}, the person you answer: a "
+                    "personal memory is only about them"
+                )
         elif is_global:
             raise ToolCallError("only personal memories can be global, and only the person makes them, by command")
         self._spend_action(context)
