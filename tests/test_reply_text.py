@@ -310,6 +310,17 @@ def test_an_echo_of_an_earlier_message_is_no_answer_either() -> None:
     assert ECHO in checked.problems and not checked.usable
 
 
+def test_anyones_earlier_line_said_again_is_no_answer_but_small_talk_may_be() -> None:
+    """Qwen2.5-Coder 0.5B answered Rin's "Do you remember when my birthday is?" with Rin's own earlier message, which
+    no earlier reply had answered in the window (its answer was only the saved notice)."""
+    earlier = ("Hey Deskmate, I'm Rin. My birthday is on May 3, please remember it.", "ok")
+    asked = "Do you remember when my birthday is?"
+    checked = check("I'm Rin, my birthday is on May 3, please remember it.",
+                    ReplyFacts(answered=asked, speakers=SPEAKERS, persona_name="Deskmate", people_said=earlier))
+    assert ECHO in checked.problems and not checked.usable
+    assert check("ok", ReplyFacts(answered="is 8pm fine?", speakers=SPEAKERS, people_said=earlier)).usable
+
+
 @pytest.mark.parametrize("reply", ['I forgot "Bau\'s birthday is on May 3."', "I updated the game night time."])
 def test_a_claim_in_the_simple_past_is_a_claim_too(reply: str) -> None:
     """Qwen2.5-Coder 1.5B answered "Forget Bau's birthday, please." with the first line, and no memory changed."""

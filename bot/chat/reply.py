@@ -320,6 +320,7 @@ class ReplyPipeline:
             persona_name=read.settings.persona.name,
             earlier_replies=[line.text for line in window if line.from_self],
             earlier_asked=[asked.get(line.reply_to or 0, "") for line in window if line.from_self],
+            people_said=[line.text for line in window if not line.from_self and line.message_id != message.message_id],
             done=_done(context.changes, context.remembered),
         )
 

@@ -35,6 +35,7 @@ from difflib import SequenceMatcher
 
 MAX_COMPARED = 1_000  # characters of each text compared for echoes and repeats (bounded work on long replies)
 ECHO_RATIO = 0.8
+ECHO_MIN_SAID = 24  # an earlier line of someone else this long, said again, is an echo ("ok" said again is an answer)
 REPEAT_RATIO = 0.9
 REPEAT_MIN_CHARS = 20  # a short "Thanks!" or "You're welcome" may come twice without being a loop
 
@@ -63,6 +64,7 @@ class ReplyFacts:
     done: Collection[str] = ()
     earlier_asked: Sequence[str] = ()  # the message each earlier reply answered ("" when not known), in the same order
     also_not: Sequence[str] = ()  # other texts the reply must not merely repeat (the request to answer again)
+    people_said: Sequence[str] = ()  # the people's earlier lines: Qwen2.5-Coder 0.5B answered Rin with Rin's own words
 
 
 @dataclass(frozen=True)
@@ -459,6 +461,13 @@ def _has_words(text: str) -> bool:
 # --- the check -------------------------------------------------------------------------------------------------
 
 
+def _echo_sources(facts: ReplyFacts) -> list[str]:
+    """What a reply may not merely say again: the message, the request to answer again, the messages earlier replies
+    answered, and anyone's earlier line long enough not to be small talk."""
+    said = [line for line in facts.people_said if len(normalized(line)) >= ECHO_MIN_SAID]
+    return [facts.answered, *facts.also_not, *facts.earlier_asked, *said]
+
+
 def check(text: str, facts: ReplyFacts) -> CheckedReply:
     """The reply as it may be posted, and what was wrong with it (see the module docstring)."""
     problems: list[str] = []
@@ -482,7 +491,7 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
     elif not _has_words(cleaned):
         problems.append(EMPTY)
         cleaned = ""
-    elif any(is_echo(history_text(cleaned), source) for source in (facts.answered, *facts.also_not, *facts.earlier_asked)):
+    elif any(is_echo(history_text(cleaned), source) for source in _echo_sources(facts)):
         problems.append(ECHO)  # of this message or an earlier one; without the line saying nothing was saved (the bot's)
     elif is_repeat(history_text(cleaned), facts.earlier_replies, facts.earlier_asked, facts.answered,
                    (*facts.speakers.values(), facts.persona_name)):

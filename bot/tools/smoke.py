@@ -277,6 +277,7 @@ class _Run:
     tally: Tally = field(default_factory=Tally)
     posted: dict[int, list[str]] = field(default_factory=dict)  # per channel: the bot's replies as the model sees them
     asked: dict[int, list[str]] = field(default_factory=dict)  # per channel: the message each of those answered
+    people_said: dict[int, list[str]] = field(default_factory=dict)  # per channel: every message of the script so far
     number: int = 0
     message_id: int = 1_000
 
@@ -288,6 +289,8 @@ class _Run:
         self.calls.clear()
         self.raw.clear()
         earlier, earlier_asked = list(self.posted.get(channel_id, [])), list(self.asked.get(channel_id, []))
+        people_said = list(self.people_said.get(channel_id, []))
+        self.people_said.setdefault(channel_id, []).append(text)
         started = time.monotonic()
         outcome = await self.services.chat.handle(incoming, mentions_bot=True)
         seconds = time.monotonic() - started
@@ -308,7 +311,7 @@ class _Run:
         self.recorder.write()  # turn by turn: a run stopped half-way keeps what it recorded
         receipt = outcome.receipt
         reading = read_reply(outcome.text, text, speakers, self.persona, earlier, done, receipt.reply_problems,
-                             receipt.asked_again, earlier_asked) if outcome.status == ReplyStatus.REPLIED else None
+                             receipt.asked_again, earlier_asked, people_said) if outcome.status == ReplyStatus.REPLIED else None
         report = self._report(incoming, outcome, seconds, author, reading)
         if reading is not None:
             self.tally.add(f"turn {self.number}", reading, text, outcome.text)

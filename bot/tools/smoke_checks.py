@@ -69,13 +69,15 @@ class ReplyReading:
 def read_reply(
     posted: str, answered: str, speakers: dict[int, str], persona: str, earlier: Sequence[str], done: set[str],
     fixed: Sequence[str] = (), asked_again: bool = False, earlier_asked: Sequence[str] = (),
+    people_said: Sequence[str] = (),
 ) -> ReplyReading:
     """The failures a person would see in `posted`, found with the bot's own checks (the same question asked again may
     get the same answer: `earlier_asked` says what each earlier reply answered)."""
     model_part = history_text(posted)  # the bot's own lines ("📝 Saved: …", the honest sentence) are no answer to read
     if not model_part:
         return ReplyReading([], list(fixed), asked_again)
-    checked = check(model_part, ReplyFacts(answered, speakers, persona, earlier, done, earlier_asked=earlier_asked))
+    checked = check(model_part, ReplyFacts(answered, speakers, persona, earlier, done, earlier_asked=earlier_asked,
+                                           people_said=people_said))
     problems = [problem for problem in checked.problems if problem in FAILURES]
     return ReplyReading(problems, list(fixed), asked_again)
 
