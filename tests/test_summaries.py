@@ -155,7 +155,7 @@ async def test_a_failing_summary_model_leaves_a_missing_day_that_a_later_rollove
     await chat_day(world, MONDAY + timedelta(days=2), [(SAM, "wednesday")])
     filled = day_rows(await rows(world))
     assert filled[MONDAY]["status"] == "ready" and "bring the tent" in filled[MONDAY]["summary"]
-    assert json.loads(filled[MONDAY]["key_details"]) == ["Juno: I promise to bring the tent"]
+    assert json.loads(filled[MONDAY]["key_details"]) == ["Juno promises to bring the tent"]
     assert filled[MONDAY + timedelta(days=1)]["status"] == "ready"
 
 

@@ -93,7 +93,7 @@ async def test_list_and_show_for_everyone_and_changes_refused_to_members(harness
     assert embed["title"] == f"Day summary #{choice['value']} · Tue 2026-01-06"
     assert "the plan for Tuesday" in embed["description"]
     fields = {item["name"]: item["value"] for item in embed["fields"]}
-    assert "Sam: I promise to come on Tuesday" in fields["Key details"] and fields["Status"].startswith("ready")
+    assert "Sam promises to come on Tuesday" in fields["Key details"] and fields["Status"].startswith("ready")
 
     for command in ("edit", "delete", "regenerate"):
         refused = await harness.run(harness.slash(f"summaries {command}", JUNO, summary=choice["value"]))
@@ -118,7 +118,7 @@ async def test_an_edited_summary_is_kept_by_regenerate_and_a_delete_asks_first(
     modal = opened.body["data"]
     inputs = [row["components"][0] for row in modal["components"]]
     assert [i["label"] for i in inputs] == ["Summary", "Key details, one per line"]
-    assert "the plan for Monday" in inputs[0]["value"] and inputs[1]["value"] == "Sam: I promise to come on Monday"
+    assert "the plan for Monday" in inputs[0]["value"] and inputs[1]["value"] == "Sam promises to come on Monday"
     saved = await harness.run(harness.modal_submit(modal, ADMIN, {
         "Summary": "Admin and Juno planned Monday's hike.", "Key details, one per line": "Hike on Monday\n\n  Juno brings tea ",
     }))

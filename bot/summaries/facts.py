@@ -14,6 +14,7 @@ import numpy as np
 
 from bot.memory.models import Memory, MemoryList
 from bot.memory.relatedness import content_stems, same_subject, subject_score
+from bot.summaries.third_person import in_third_person
 from bot.summaries.writer import MAX_KEY_DETAILS, RawFact, Written
 
 BOT_TAG = "BOT"
@@ -67,12 +68,12 @@ class DayText:
         legend = "; ".join(f"{s.tag} = {s.name}" for s in self.speakers.values())
         parts = [f"Speakers: {legend}; {BOT_TAG} = the bot"]
         if self.remembered:
-            owners = {s.user_id: s.tag for s in self.speakers.values()}
+            owners = {s.user_id: s for s in self.speakers.values()}
             parts.append("Remembered facts:")
-            parts += [
-                f"{ref} ({owners.get(m.owner_id or 0, 'server') if m.list == MemoryList.PERSONAL else 'server'}): {m.text}"
-                for ref, m in self.remembered.items()
-            ]
+            for ref, memory in self.remembered.items():
+                owner = owners.get(memory.owner_id or 0) if memory.list == MemoryList.PERSONAL else None
+                shown = _spoken_as_fact(memory.text, owner.name) if owner is not None else memory.text
+                parts.append(f"{ref} ({owner.tag if owner is not None else 'server'}): {shown}")
         return "\n".join(parts)
 
 
@@ -123,6 +124,8 @@ class FactCheck:
         line_scores = await self._line_scores(facts, people_rows, day) if facts else None
         seen: dict[str, int] = {}
         known = {" ".join(memory.text.casefold().split()) for memory in day.remembered.values()}
+        known |= {" ".join(_spoken_as_fact(memory.text, s.name).casefold().split())
+                  for memory in day.remembered.values() for s in day.speakers.values() if s.user_id == memory.owner_id}
         for index, fact in enumerate(facts):
             scores = line_scores[index] if line_scores is not None else None
             note, why = self._judge(fact, day, people_rows, scores)
@@ -228,7 +231,12 @@ class FactCheck:
         note's list (personal: the speaker's own; server: only for a speaker with Manage Server; never a protected one) is
         about the same subject by the unrelated-update guard's rule, the note replaces the closest such fact. Left alone,
         the old fact would stand beside the new one. A personal note whose lines are not in the first person may also
-        correct a server fact (it becomes a server note): the model names the speaker in a change of the group's plans."""
+        correct a server fact (it becomes a server note): the model names the speaker in a change of the group's plans.
+
+        Besides the note's text, its speaker's own first-person lines rewritten as facts about them (`_spoken_lines`)
+        are compared: 1.5B wrote "Leo switched mains to tank" for "I switched mains, I play tank now instead of
+        healer", which lost the word it shares with "Leo always plays the healer". When only such a line is about the
+        same subject, it becomes the note's text, since the update applies its own guard to the text it is given."""
         open_notes = [
             (index, note) for index, note in enumerate(checked.notes)
             if note.replaces is None and any(CORRECTION.search(line) for line in _lines_of(note, day))
@@ -237,7 +245,11 @@ class FactCheck:
         if not open_notes or not day.remembered:
             return
         remembered = list(day.remembered.values())
-        vectors = await self._embed([note.text for _, note in open_notes] + [m.text for m in remembered])
+        spoken = [_spoken_lines(note, day) for _, note in open_notes]  # the speaker's own lines, as facts about them
+        texts = [note.text for _, note in open_notes] + [line for lines in spoken for line in lines]
+        vectors = await self._embed(texts + [m.text for m in remembered])
+        line_rows = iter(range(len(open_notes), len(texts)))
+        said_rows = [[next(line_rows) for _ in lines] for lines in spoken]
         for row, (index, note) in enumerate(open_notes):
             lists = {note.memory_list}
             if note.memory_list == MemoryList.PERSONAL and not any(first_person(line) for line in _lines_of(note, day)):
@@ -250,12 +262,15 @@ class FactCheck:
                     continue
                 if memory.list == MemoryList.PERSONAL and memory.owner_id != note.speaker.user_id:
                     continue
-                cosine = float(vectors[row] @ vectors[len(open_notes) + column]) if vectors is not None else None
-                if same_subject(memory.text, note.text, cosine, self.update_min_similarity, declared_change=True):
-                    scored.append((subject_score(memory.text, note.text, cosine) or 0.0, memory))
+                for said_row, said in ((row, note.text), *zip(said_rows[row], spoken[row], strict=True)):
+                    cosine = float(vectors[said_row] @ vectors[len(texts) + column]) if vectors is not None else None
+                    if same_subject(memory.text, said, cosine, self.update_min_similarity, declared_change=True):
+                        scored.append((subject_score(memory.text, said, cosine) or 0.0, memory, said))
             if scored:
-                best = max(scored, key=lambda pair: pair[0])[1]
-                checked.notes[index] = replace(note, memory_list=best.list, replaces=best, declared_change=True)
+                best = max(scored, key=lambda found: found[0])[1]
+                texts_for_best = [said for _, memory, said in scored if memory is best]
+                text = note.text if note.text in texts_for_best else texts_for_best[0]  # the update checks it again
+                checked.notes[index] = replace(note, memory_list=best.list, text=text, replaces=best, declared_change=True)
                 taken.add(best.id)
 
     async def _unnoted_corrections(self, checked: Checked, day: DayText) -> None:
@@ -266,15 +281,20 @@ class FactCheck:
         The line must say it changes something (CORRECTION), be no question, name no other speaker and nobody who
         asked not to be noted, and speak in the first person (a personal fact: the speaker's own remembered facts) or,
         from a speaker with Manage Server, name a plan of the group (the server's). It replaces the remembered fact of
-        that list closest to it by the unrelated-update guard's rule, never a protected one nor one another note
+        that list closest to it by the unrelated-update guard's full rule (no lower bar: "actually I'm so tired after my
+        shift" would replace "Juno works as a nurse, night shifts mostly"), never a protected one nor one another note
         already replaces; with none about the same subject, nothing is noted (a "correction" of nothing remembered is
-        the model's to write). Its text is the line without an address to the bot and a leading label ("correction:")."""
+        the model's to write). Its text is the line without an address to the bot and a leading label ("correction:"),
+        a personal one written as a fact about its speaker when the rules can (`in_third_person`; then that is what it
+        is compared by: "Mia moved to Montreal, ..." scores 0.62 with "Mia lives in Toronto, ...", the line 0.45).
+        A "Name: " put in front would be compared by a name alone ("Juno: actually I'm so tired after my shift" scores
+        0.63 with the nurse fact, the line 0.37), so the line itself is."""
         if not day.remembered:
             return
         noted = {(channel, message) for note in checked.notes for channel, message, _ in note.sources}
         taken = {note.replaces.id for note in checked.notes if note.replaces is not None}
         by_user = {s.user_id: s for s in day.speakers.values()}
-        found: list[tuple[dict[str, Any], Speaker, MemoryList, str]] = []
+        found: list[tuple[dict[str, Any], Speaker, MemoryList, str, str]] = []  # ..., the note's text, what is compared
         for row in day.rows:
             speaker = by_user.get(row["author_id"])
             if row["is_bot"] or speaker is None or not speaker.notable or (row["channel_id"], row["message_id"]) in noted:
@@ -286,14 +306,16 @@ class FactCheck:
             if any(names_in(said, name) and not names_in(speaker.name, name) for name in others):
                 continue
             if first_person(said):
-                found.append((row, speaker, MemoryList.PERSONAL, said))
+                rewritten = None if names_in(said, speaker.name) else in_third_person(said, speaker.name)
+                text = rewritten or (said if names_in(said, speaker.name) else f"{speaker.name}: {said}")
+                found.append((row, speaker, MemoryList.PERSONAL, text, rewritten or said))
             elif speaker.can_manage and PLAN.search(said):
-                found.append((row, speaker, MemoryList.SERVER, said))
+                found.append((row, speaker, MemoryList.SERVER, said, said))
         if not found:
             return
         remembered = list(day.remembered.values())
-        vectors = await self._embed([said for *_, said in found] + [m.text for m in remembered])
-        for row_number, (row, speaker, memory_list, said) in enumerate(found):
+        vectors = await self._embed([compared for *_, compared in found] + [m.text for m in remembered])
+        for row_number, (row, speaker, memory_list, said, compared) in enumerate(found):
             scored = []
             for column, memory in enumerate(remembered):
                 if memory.id in taken or memory.list != memory_list or memory.protected:
@@ -301,15 +323,13 @@ class FactCheck:
                 if memory_list == MemoryList.PERSONAL and memory.owner_id != speaker.user_id:
                     continue
                 cosine = float(vectors[row_number] @ vectors[len(found) + column]) if vectors is not None else None
-                if same_subject(memory.text, said, cosine, self.update_min_similarity):
-                    scored.append((subject_score(memory.text, said, cosine) or 0.0, memory))
+                if same_subject(memory.text, compared, cosine, self.update_min_similarity):  # the full bar (docstring)
+                    scored.append((subject_score(memory.text, compared, cosine) or 0.0, memory))
             if not scored:
                 continue
             best = max(scored, key=lambda pair: pair[0])[1]
-            named = memory_list == MemoryList.SERVER or names_in(said, speaker.name)
             source = ((row["channel_id"], row["message_id"], row["author_id"]),)
-            checked.notes.append(Note(speaker, memory_list, said if named else f"{speaker.name}: {said}", best, source,
-                                      bool(row.get("private_thread"))))
+            checked.notes.append(Note(speaker, memory_list, said, best, source, bool(row.get("private_thread"))))
             taken.add(best.id)
 
     async def _line_scores(self, facts: list[RawFact], rows: list[dict[str, Any]], day: DayText) -> np.ndarray | None:
@@ -351,7 +371,7 @@ class FactCheck:
         if memory_list is None:
             return None, "about someone else"
         named = memory_list == MemoryList.SERVER or names_in(fact.text, speaker.name)
-        text = fact.text if named else f"{speaker.name}: {fact.text}"
+        text = _spoken_as_fact(fact.text, speaker.name) if named else as_fact_of(fact.text, speaker.name)
         said = {(channel, message) for channel, message, _ in sources}
         private = any(row.get("private_thread") for row in rows if (row["channel_id"], row["message_id"]) in said)
         return Note(speaker, memory_list, text, _replaced(fact, speaker, memory_list, day), sources, private), ""
@@ -495,6 +515,20 @@ def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
     return ""
 
 
+def as_fact_of(said: str, name: str) -> str:
+    """What a person said about themselves as a fact about them: "I live in Berlin" by Rin -> "Rin lives in Berlin"
+    (see `bot.summaries.third_person`), or "Rin: vivo en Berlín" when the rules cannot rewrite it."""
+    return in_third_person(stated(said), name) or f"{name}: {said}"
+
+
+def _spoken_as_fact(text: str, name: str) -> str:
+    """A remembered "Rin: I live in Berlin" (the form notes were once kept in) as "Rin lives in Berlin"."""
+    prefix = re.match(rf"^\s*{re.escape(name)}\s*:\s*", text, flags=re.IGNORECASE)
+    if prefix is None:
+        return text
+    return in_third_person(stated(text[prefix.end() :]), name) or text
+
+
 def _without_prefix(text: str, speaker: Speaker) -> str:
     """A fact without the "Name:" a model puts before a copied line."""
     for name in {speaker.name, _first_name(speaker.name), speaker.tag}:
@@ -524,6 +558,16 @@ def _about_its_person(part: str, speaker: Speaker) -> bool:
 
 def _names_another(text: str, speaker: Speaker, day: DayText) -> bool:
     return any(names_in(text, s.name) and not names_in(speaker.name, s.name) for s in day.speakers.values() if s != speaker)
+
+
+def _spoken_lines(note: Note, day: DayText) -> list[str]:
+    """A personal note's first-person source lines as facts about its speaker ("I switched mains, I play tank now
+    instead of healer" -> "Leo switched mains, they play tank now instead of healer"): what a remembered fact is
+    compared with besides the model's text, which may have lost the word both share ("Leo switched mains to tank")."""
+    if note.memory_list != MemoryList.PERSONAL:
+        return []
+    rewritten = (in_third_person(stated(line), note.speaker.name) for line in _lines_of(note, day))
+    return [text for text in rewritten if text is not None]  # never "Leo: ...": a name alone raises the cosine
 
 
 def _lines_of(note: Note, day: DayText) -> list[str]:
