@@ -46,7 +46,7 @@ async def test_the_guard_applies_no_unrelated_update_of_the_hand_made_pairs(buil
     unrelated_applied = sum(1 for truth, applied in decided if applied and not truth)
     related_kept_apart = sum(1 for truth, applied in decided if truth and not applied)
     assert unrelated_applied == 0
-    assert related_kept_apart <= 5, related_kept_apart  # of 34: moves between cities in other words, mostly
+    assert related_kept_apart <= 2, related_kept_apart  # of 34: a job change and the Spanish meetup, in other words
     assert sum(1 for truth, _ in decided if truth) >= 30 and sum(1 for truth, _ in decided if not truth) >= 30
 
 

@@ -215,7 +215,8 @@ def _emit_header(settings: Settings, emit: Callable[[str], None], long: bool) ->
 
 
 async def _converse(run: _Run, long: bool) -> list[TurnReport]:
-    """Juno's four turns, the first day's summary, then (with `long`) the three people's conversation."""
+    """Juno's four turns, the first day's summary, then (with `long`) the three people's conversation and what the
+    day-end notes kept of its days."""
     reports = [await run.turn(days, JUNO, text, CHANNEL_ID) for days, text in SCRIPT]
     await _emit_day_summaries(run.services, run.emit)
     if long:
@@ -223,6 +224,10 @@ async def _converse(run: _Run, long: bool) -> list[TurnReport]:
         run.emit(f"A longer conversation in #game-night: {', '.join(PEOPLE)} over three chat days")
         for days, author, text in LONG_SCRIPT:
             reports.append(await run.turn(days, author, text, LONG_CHANNEL_ID))
+        await run.services.summaries.settle()  # the notes of the days that rolled over (the last one has not)
+        run.emit("")
+        for line in await day_notes_lines(run.services, LONG_CHANNEL_ID):
+            run.emit(line)
     return reports
 
 
