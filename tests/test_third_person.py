@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.summaries.facts import as_fact_of
-from bot.summaries.third_person import in_third_person
+from bot.summaries.third_person import as_fact_of, in_third_person
 
 
 @pytest.mark.parametrize(

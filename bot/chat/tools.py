@@ -130,6 +130,21 @@ def _other_person_named(text: str, context: ToolContext) -> str | None:
     return next((name for name in others if _names(text, name) and not _names(author, name)), None)
 
 
+def _personal_owner(arguments: dict[str, Any], text: str, context: ToolContext) -> int:
+    """Whom a personal memory the model saves is about: the person answered (or `about_user`, which the memory rules
+    then refuse when it is someone else), never one whose text names another participant and not them."""
+    about = context.message.author_id
+    if arguments.get("about_user") not in (None, ""):
+        about = _about_user(arguments["about_user"], context)
+    other = _other_person_named(text, context) if about == context.message.author_id else None
+    if other is not None:
+        raise ToolCallError(
+            f"the text is about {other}, not about {context.message.author_name}, the person you answer: a "
+            "personal memory is only about them"
+        )
+    return about
+
+
 def _about_user(value: object, context: ToolContext) -> int:
     """The participant a personal memory is about: an id, a <@id> mention or a display name of a participant."""
     found = as_user_ref(value)
@@ -278,18 +293,8 @@ class MemoryTools:
         is_global = as_bool(arguments.get("global", False))
         if is_global is None:
             raise ToolCallError("global must be true or false")
-        about: int | None = None
-        if memory_list == MemoryList.PERSONAL:
-            about = context.message.author_id
-            if arguments.get("about_user") not in (None, ""):
-                about = _about_user(arguments["about_user"], context)
-            other = _other_person_named(text, context) if about == context.message.author_id else None
-            if other is not None:
-                raise ToolCallError(
-                    f"the text is about {other}, not about {context.message.author_name}, the person you answer: a "
-                    "personal memory is only about them"
-                )
-        elif is_global:
+        about = _personal_owner(arguments, text, context) if memory_list == MemoryList.PERSONAL else None
+        if memory_list == MemoryList.SERVER and is_global:
             raise ToolCallError("only personal memories can be global, and only the person makes them, by command")
         self._spend_action(context)
         result = await self.core.save(

@@ -14,7 +14,7 @@ import numpy as np
 
 from bot.memory.models import Memory, MemoryList
 from bot.memory.relatedness import content_stems, same_subject, subject_score
-from bot.summaries.third_person import in_third_person
+from bot.summaries.third_person import as_fact_of, clauses, first_person, in_third_person, spoken_as_fact, stated
 from bot.summaries.writer import MAX_KEY_DETAILS, RawFact, Written
 
 BOT_TAG = "BOT"
@@ -72,7 +72,7 @@ class DayText:
             parts.append("Remembered facts:")
             for ref, memory in self.remembered.items():
                 owner = owners.get(memory.owner_id or 0) if memory.list == MemoryList.PERSONAL else None
-                shown = _spoken_as_fact(memory.text, owner.name) if owner is not None else memory.text
+                shown = spoken_as_fact(memory.text, owner.name) if owner is not None else memory.text
                 parts.append(f"{ref} ({owner.tag if owner is not None else 'server'}): {shown}")
         return "\n".join(parts)
 
@@ -124,7 +124,7 @@ class FactCheck:
         line_scores = await self._line_scores(facts, people_rows, day) if facts else None
         seen: dict[str, int] = {}
         known = {" ".join(memory.text.casefold().split()) for memory in day.remembered.values()}
-        known |= {" ".join(_spoken_as_fact(memory.text, s.name).casefold().split())
+        known |= {" ".join(spoken_as_fact(memory.text, s.name).casefold().split())
                   for memory in day.remembered.values() for s in day.speakers.values() if s.user_id == memory.owner_id}
         for index, fact in enumerate(facts):
             scores = line_scores[index] if line_scores is not None else None
@@ -371,7 +371,7 @@ class FactCheck:
         if memory_list is None:
             return None, "about someone else"
         named = memory_list == MemoryList.SERVER or names_in(fact.text, speaker.name)
-        text = _spoken_as_fact(fact.text, speaker.name) if named else as_fact_of(fact.text, speaker.name)
+        text = spoken_as_fact(fact.text, speaker.name) if named else as_fact_of(fact.text, speaker.name)
         said = {(channel, message) for channel, message, _ in sources}
         private = any(row.get("private_thread") for row in rows if (row["channel_id"], row["message_id"]) in said)
         return Note(speaker, memory_list, text, _replaced(fact, speaker, memory_list, day), sources, private), ""
@@ -459,41 +459,6 @@ def _replaced(fact: RawFact, speaker: Speaker, memory_list: MemoryList, day: Day
     return memory
 
 
-ADDRESS = re.compile(r"^\s*(?:<@!?\d+>\s*,?|@?[^\W\d_][\w-]*\s*,)\s*")  # "Deskmate, ...", "<@123>, ..."
-LABEL = re.compile(r"^\s*([^\W\d_]+(?:\s+[^\W\d_]+){0,2})\s*:\s+")  # "correction: ", "heads up: ", "big news: "
-
-
-def stated(line: str) -> str:
-    """What a line says, without an address to someone ("Deskmate, ") and a leading label ("correction: ",
-    "heads up: "): "Deskmate, correction: my cat is actually called Luna" -> "my cat is actually called Luna".
-    A word in the first person is never taken for an address or a label ("my cat: Luna" stays)."""
-    text = " ".join(line.split())
-    for pattern in (ADDRESS, LABEL, ADDRESS, LABEL):
-        found = pattern.match(text)
-        if found is not None and not first_person(found.group(0)) and found.end() < len(text):
-            text = text[found.end() :]
-    return text
-
-
-CLAUSE_BREAK = re.compile(r"[.;!?¿¡:,\n]+|\s(?:and|but|y|pero|also|también)\s", re.IGNORECASE)
-
-
-def clauses(text: str) -> list[str]:
-    """A line and, when it says several things, each of its clauses ("I live in Berlin, and my cat is Mochi")."""
-    parts = [" ".join(part.split()) for part in CLAUSE_BREAK.split(text)]
-    return [text, *(part for part in parts if len(part) > 3 and part != text)][:8]
-
-
-_FIRST_PERSON_WORDS = "i i'm im i've i'll i'd my me mine myself yo mi mis soy estoy tengo vivo trabajo estudio juego voy hago"
-FIRST_PERSON = frozenset(_FIRST_PERSON_WORDS.split())
-
-
-def first_person(text: str) -> bool:
-    """Whether a text speaks of its speaker in the first person singular (English, or Spanish, which drops the "yo")."""
-    words = re.findall(r"[^\W\d_]+(?:['’][^\W\d_]+)?", text.casefold())
-    return any(word.replace("’", "'") in FIRST_PERSON for word in words)
-
-
 def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
     """Why a fact is no fact, or "": small models copy the day's lines into facts, questions and chit-chat included
     ("Bau: yes, looks great"). A question is kept only when it also tells something in the first person ("my
@@ -513,20 +478,6 @@ def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
             return "small talk copied from a line, not a fact"
         return "a line not about its speaker (no first person) and no plan of the group"
     return ""
-
-
-def as_fact_of(said: str, name: str) -> str:
-    """What a person said about themselves as a fact about them: "I live in Berlin" by Rin -> "Rin lives in Berlin"
-    (see `bot.summaries.third_person`), or "Rin: vivo en Berlín" when the rules cannot rewrite it."""
-    return in_third_person(stated(said), name) or f"{name}: {said}"
-
-
-def _spoken_as_fact(text: str, name: str) -> str:
-    """A remembered "Rin: I live in Berlin" (the form notes were once kept in) as "Rin lives in Berlin"."""
-    prefix = re.match(rf"^\s*{re.escape(name)}\s*:\s*", text, flags=re.IGNORECASE)
-    if prefix is None:
-        return text
-    return in_third_person(stated(text[prefix.end() :]), name) or text
 
 
 def _without_prefix(text: str, speaker: Speaker) -> str:

@@ -1,4 +1,5 @@
-"""A fact someone said in the first person, written as a fact about them: "I live in Berlin now" said by Rin becomes
+"""A person's own words: what a line says (`stated`), whether it speaks in the first person (`first_person`), and
+the same as a fact about them (`in_third_person`, `as_fact_of`): "I live in Berlin now" said by Rin becomes
 "Rin lives in Berlin now".
 
 Day-end notes often keep a person's own words, and a memory stored as "Rin: I live in Berlin now" reads like a line
@@ -108,3 +109,52 @@ def _later(rest: str) -> str:
         return LATER.get(word.casefold(), word)
 
     return I_WAS_LATER.sub("they were", WORD.sub(swap, rest))
+
+
+ADDRESS = re.compile(r"^\s*(?:<@!?\d+>\s*,?|@?[^\W\d_][\w-]*\s*,)\s*")  # "Deskmate, ...", "<@123>, ..."
+LABEL = re.compile(r"^\s*([^\W\d_]+(?:\s+[^\W\d_]+){0,2})\s*:\s+")  # "correction: ", "heads up: ", "big news: "
+
+
+def stated(line: str) -> str:
+    """What a line says, without an address to someone ("Deskmate, ") and a leading label ("correction: ",
+    "heads up: "): "Deskmate, correction: my cat is actually called Luna" -> "my cat is actually called Luna".
+    A word in the first person is never taken for an address or a label ("my cat: Luna" stays)."""
+    text = " ".join(line.split())
+    for pattern in (ADDRESS, LABEL, ADDRESS, LABEL):
+        found = pattern.match(text)
+        if found is not None and not first_person(found.group(0)) and found.end() < len(text):
+            text = text[found.end() :]
+    return text
+
+
+CLAUSE_BREAK = re.compile(r"[.;!?¿¡:,\n]+|\s(?:and|but|y|pero|also|también)\s", re.IGNORECASE)
+
+
+def clauses(text: str) -> list[str]:
+    """A line and, when it says several things, each of its clauses ("I live in Berlin, and my cat is Mochi")."""
+    parts = [" ".join(part.split()) for part in CLAUSE_BREAK.split(text)]
+    return [text, *(part for part in parts if len(part) > 3 and part != text)][:8]
+
+
+_FIRST_PERSON_WORDS = "i i'm im i've i'll i'd my me mine myself yo mi mis soy estoy tengo vivo trabajo estudio juego voy hago"
+FIRST_PERSON = frozenset(_FIRST_PERSON_WORDS.split())
+
+
+def first_person(text: str) -> bool:
+    """Whether a text speaks of its speaker in the first person singular (English, or Spanish, which drops the "yo")."""
+    words = re.findall(r"[^\W\d_]+(?:['’][^\W\d_]+)?", text.casefold())
+    return any(word.replace("’", "'") in FIRST_PERSON for word in words)
+
+
+def as_fact_of(said: str, name: str) -> str:
+    """What a person said about themselves as a fact about them: "I live in Berlin" by Rin -> "Rin lives in Berlin"
+    (see `bot.summaries.third_person`), or "Rin: vivo en Berlín" when the rules cannot rewrite it."""
+    return in_third_person(stated(said), name) or f"{name}: {said}"
+
+
+def spoken_as_fact(text: str, name: str) -> str:
+    """A remembered "Rin: I live in Berlin" (the form notes were once kept in) as "Rin lives in Berlin"."""
+    prefix = re.match(rf"^\s*{re.escape(name)}\s*:\s*", text, flags=re.IGNORECASE)
+    if prefix is None:
+        return text
+    return in_third_person(stated(text[prefix.end() :]), name) or text
