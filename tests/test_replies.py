@@ -113,6 +113,19 @@ async def test_two_unusable_answers_give_one_honest_sentence(
     assert assistant_texts(chat) == []  # the honest sentence is the bot's, not shown as the model's words
 
 
+
+async def test_a_spanish_question_answered_twice_in_english_gets_the_honest_sentence_in_spanish(
+    pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock
+) -> None:
+    chat.text("The game night is on Friday at 8pm in the smoke server.").text("Game night is on Friday.")
+    outcome = await turn(pipeline, clock, RIN, "¿Cuándo es la noche de juegos?")
+    assert outcome.chunks == [HONEST_ES] and len(chat.requests) == 2
+    assert "en español" in chat.messages(1)[-1]["content"] and outcome.receipt.asked_again
+
+    chat.text("The game night is on Friday at 8pm.").text("La noche de juegos es el viernes a las 8.")
+    outcome = await turn(pipeline, clock, RIN, "¿Y a qué hora es la noche de juegos?")
+    assert outcome.chunks == ["La noche de juegos es el viernes a las 8."]
+
 async def test_a_claimed_save_that_did_not_run_never_reaches_people_as_is(
     pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock
 ) -> None:

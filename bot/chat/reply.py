@@ -329,7 +329,10 @@ class ReplyPipeline:
     ) -> tuple[str, list[str], bool]:
         """The reply as it may be posted (`bot.chat.reply_text`), what was wrong, and whether the model was asked
         again: an answer that is empty once cleaned, an echo of the message or a repeat of an earlier reply gets
-        one more try (without tools); "" when that fails too."""
+        one more try (without tools), and so does an answer in another language than the message's; "" when that
+        fails too, so the honest sentence in the message's language is posted: the person reads that no good answer
+        came, in their language, instead of an answer they may not read (with the 0.5B model such answers were mostly
+        the question echoed back or JSON)."""
         checked = check(text, facts)
         problems = list(checked.problems)
         if checked.usable and LANGUAGE not in checked.problems:
@@ -344,7 +347,7 @@ class ReplyPipeline:
             problems += [problem for problem in second.problems if problem not in problems]
             if second.usable and LANGUAGE not in second.problems:
                 return second.text, problems, True
-        return (checked.text if checked.usable else ""), problems, True  # the first answer, in the wrong language
+        return "", problems, True
 
     async def _summaries(self, message: IncomingMessage) -> list[HeadSummary]:
         """The channel's summaries for the head; a failure to read them is logged and costs the reply nothing else."""
