@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.summaries.third_person import as_fact_of, in_third_person
+from bot.third_person import as_fact_of, in_third_person
 
 
 @pytest.mark.parametrize(

@@ -437,7 +437,7 @@ HOSTILE: list[Any] = [
     ),
     # the 0.5B model in the smoke runs: the person's own words saved as a server memory, or both lists at once;
     # either is the person's own fact, never a note the whole server reads
-    pytest.param("save_memory", {"text": "My cat is called Mochi", "list": ["server"]}, None, id="server-in-first-person"),
+    pytest.param("save_memory", {"text": "My dog is called Pixel", "list": ["server"]}, None, id="server-in-first-person"),
     pytest.param(
         "save_memory", {"text": "Juno collects vinyl records", "list": ["server", "personal"]}, None, id="both-lists"
     ),
@@ -481,7 +481,7 @@ async def test_a_hostile_call_next_to_a_valid_save_still_gets_the_reply_the_noti
     assert hostile["ok"] is True, hostile
     assert isinstance(arguments, dict)
     [made] = [m for m in stored if m["id"] == hostile["memory_id"]]
-    assert made["text"] == arguments["text"] and made["list"] == "personal"
+    assert made["text"] == arguments["text"].replace("My dog", "Juno's dog") and made["list"] == "personal"
     assert made["owner_id"] == JUNO and made["is_global"] is False
 
 
@@ -566,6 +566,42 @@ async def test_a_saved_text_copied_from_the_transcript_keeps_no_label_or_id(
 
     assert [m["text"] for m in await memories(pool)] == ["Juno's cat is called Mochi."]
     assert outcome.notices is not None and str(JUNO) not in "\n".join(outcome.notices.lines)
+
+
+@pytest.mark.parametrize(
+    ("saved", "stored"),
+    [
+        ("My cat is called Mochi.", "Juno's cat is called Mochi."),  # what Qwen2.5-Coder 0.5B saves of Juno's message
+        ("Remember that I host game night every Friday at 8pm.", "Juno hosts game night every Friday at 8pm."),
+        ("My birthday is on May 3, please remember it.", "Juno's birthday is on May 3."),
+        ("I'm Juno. My cat is called Mochi.", "I'm Juno. My cat is called Mochi."),  # two sentences: kept as said
+        ("Mi gato se llama Mochi.", "Mi gato se llama Mochi."),  # Spanish: kept as said
+    ],
+)
+async def test_the_authors_own_words_are_saved_as_a_fact_about_them(
+    pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool, saved: str, stored: str
+) -> None:
+    chat.tool_calls(("save_memory", {"text": saved, "list": ["server", "personal"]})).text("Nice!")
+    await pipeline.reply(juno(f"Please remember: {saved}", clock))
+    [memory] = await memories(pool)
+    assert memory["text"] == stored and memory["owner_id"] == JUNO
+
+
+async def test_a_save_beside_refused_calls_is_not_reported_as_no_change(
+    pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock, pool: asyncpg.Pool
+) -> None:
+    """Qwen2.5-Coder 0.5B's answer to "please remember that I host game night": the save, then an update and a forget
+    of a user id taken for a memory id, then no text, twice. People read what was saved, and that the rest was not
+    done, not "Saved: … I did not change my memory"."""
+    wrong = {"memory_id": 401234567890107005}
+    chat.tool_calls(
+        ("save_memory", {"text": "Remember that I host game night every Friday at 8pm.", "list": ["server", "personal"]}),
+        ("update_memory", {**wrong, "text": "I host game night every Friday at 8pm."}),
+        ("forget_memory", wrong),
+    ).text("").text("")
+    outcome = await pipeline.reply(juno("Please remember that I host game night every Friday at 8pm.", clock))
+    assert outcome.chunks == ["📝 Saved: Juno hosts game night every Friday at 8pm.\n⚠️ I did not make the other change."]
+    assert [m["text"] for m in await memories(pool)] == ["Juno hosts game night every Friday at 8pm."]
 
 
 async def test_a_personal_memory_naming_another_participant_and_not_the_author_is_refused(

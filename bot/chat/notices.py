@@ -126,6 +126,10 @@ def notice_line(change: MemoryChange, verbosity: str, names: dict[int, str]) -> 
     return f"⚠️ Couldn't {action}{detail}. Reason: {change.reason}"
 
 
+UNCHANGED = "⚠️ I did not change my memory."  # what a refused call amounts to for people (the model reads why)
+PARTLY_UNCHANGED = "⚠️ I did not make the other change."
+
+
 def what_was_done(changes: Sequence[MemoryChange], extra: Sequence[str] = ()) -> str:
     """The reply when the model wrote no answer after its calls: one line per thing done, so a person never gets
     silence or tool JSON. Each line starts like a notice ("📝 Saved: ..."), so the bot never shows it to the
@@ -141,8 +145,11 @@ def what_was_done(changes: Sequence[MemoryChange], extra: Sequence[str] = ()) ->
         elif change.kind == ChangeKind.FORGOTTEN:
             said.append(f"🗑️ Forgot: {text}." if text else f"🗑️ Forgot memory #{change.memory_id}.")
         elif change.kind == ChangeKind.REJECTED:  # the reason is the notice's: it is worded for the model here
-            said.append("⚠️ I did not change my memory.")
-    return "\n".join(dict.fromkeys([*said, *extra])) or "📝 Done."
+            said.append(UNCHANGED)
+    lines = list(dict.fromkeys([*said, *extra]))
+    if UNCHANGED in lines and any(not line.startswith("⚠️") for line in lines):  # "Saved: … I did not change my memory."
+        lines = [PARTLY_UNCHANGED if line == UNCHANGED else line for line in lines]  # read as a contradiction
+    return "\n".join(lines) or "📝 Done."
 
 
 def day_notes_notices(

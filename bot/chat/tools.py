@@ -14,7 +14,7 @@ from typing import Any
 
 from bot.chat.arguments import as_bool, as_list_name, as_memory_id, as_user_ref
 from bot.chat.messages import IncomingMessage
-from bot.chat.notices import ChangeKind, MemoryChange, room_changes
+from bot.chat.notices import UNCHANGED, ChangeKind, MemoryChange, room_changes
 from bot.chat.reply_text import without_transcript
 from bot.config import Settings
 from bot.errors import InvalidInput
@@ -23,6 +23,7 @@ from bot.memory.models import Conversation, MemoryList, NewMemory, SaveResult, S
 from bot.memory.service import MemoryCore
 from bot.memory.visibility import shown
 from bot.servers.models import GuildSettings
+from bot.third_person import first_person, in_third_person, stated
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,6 @@ def memory_tools(*, server: bool, personal: bool, max_chars: int) -> list[dict[s
     ]
 
 
-UNCHANGED = "⚠️ I did not change my memory."  # what a refused call amounts to for people (the model reads why)
 
 
 class ToolCallError(InvalidInput):
@@ -143,6 +143,23 @@ def _personal_owner(arguments: dict[str, Any], text: str, context: ToolContext) 
             "personal memory is only about them"
         )
     return about
+
+
+_ASKED_TO_REMEMBER = re.compile(r"^\s*(?:please\s+)?(?:remember|note(?:\s+down)?|save)\s+(?:that\s+)?", re.IGNORECASE)
+_SENTENCE_BREAK = re.compile(r"[.!?;]\s+\S")
+_PLEASE_REMEMBER_IT = re.compile(r",?\s*(?:so\s+)?(?:please\s+)?remember\s+(?:it|that|this)(?:,?\s*please)?\s*([.!]*)\s*$",
+                                 re.IGNORECASE)
+
+
+def _as_fact_of_author(text: str, name: str) -> str:
+    """A save of the author's own words as a fact about them: Qwen2.5-Coder saves what it was told as it was said
+    ("My cat is called Mochi.", "Remember that I host game night every Friday at 8pm."), which reads like someone
+    else's words in the next prompt and misses the same fact the day-end notes write as "Juno's cat is called
+    Mochi." Text the rules cannot rewrite (Spanish, not in the first person) is kept as it is."""
+    said = _PLEASE_REMEMBER_IT.sub(r"\1", _ASKED_TO_REMEMBER.sub("", text, count=1)).strip()
+    if not name.strip() or not first_person(said) or _SENTENCE_BREAK.search(said):  # one sentence: the rules' reach
+        return text
+    return in_third_person(stated(said), name) or text
 
 
 def _about_user(value: object, context: ToolContext) -> int:
@@ -294,6 +311,8 @@ class MemoryTools:
         if is_global is None:
             raise ToolCallError("global must be true or false")
         about = _personal_owner(arguments, text, context) if memory_list == MemoryList.PERSONAL else None
+        if about == context.message.author_id:
+            text = _as_fact_of_author(text, context.message.author_name)
         if memory_list == MemoryList.SERVER and is_global:
             raise ToolCallError("only personal memories can be global, and only the person makes them, by command")
         self._spend_action(context)

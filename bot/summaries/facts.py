@@ -14,8 +14,8 @@ import numpy as np
 
 from bot.memory.models import Memory, MemoryList
 from bot.memory.relatedness import content_stems, same_subject, subject_score
-from bot.summaries.third_person import as_fact_of, clauses, first_person, in_third_person, spoken_as_fact, stated
 from bot.summaries.writer import MAX_KEY_DETAILS, RawFact, Written
+from bot.third_person import as_fact_of, clauses, first_person, in_third_person, spoken_as_fact, stated
 
 BOT_TAG = "BOT"
 TAG = re.compile(r"\b(P\d{1,3}|BOT)\b", re.IGNORECASE)

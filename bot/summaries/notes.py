@@ -42,9 +42,9 @@ from bot.memory.service import MemoryCore
 from bot.servers.service import Servers
 from bot.summaries import store
 from bot.summaries.facts import BOT_TAG, Checked, DayText, FactCheck, Note, Speaker
-from bot.summaries.third_person import clauses
 from bot.summaries.withdrawal import NOTES_LEAVE_OUT, Transcript, Withdrawals
 from bot.summaries.writer import Written
+from bot.third_person import clauses
 
 log = logging.getLogger(__name__)
 

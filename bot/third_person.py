@@ -148,7 +148,7 @@ def first_person(text: str) -> bool:
 
 def as_fact_of(said: str, name: str) -> str:
     """What a person said about themselves as a fact about them: "I live in Berlin" by Rin -> "Rin lives in Berlin"
-    (see `bot.summaries.third_person`), or "Rin: vivo en Berlín" when the rules cannot rewrite it."""
+    (see `bot.third_person`), or "Rin: vivo en Berlín" when the rules cannot rewrite it."""
     return in_third_person(stated(said), name) or f"{name}: {said}"
 
 
