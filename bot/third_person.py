@@ -6,7 +6,9 @@ Day-end notes often keep a person's own words, and a memory stored as "Rin: I li
 of the transcript. Shown among the remembered facts before a day's transcript, such lines sent Qwen2.5-Coder 1.5B
 into a loop of mixed-up people ("Rin is allergic to penicillin, and Juno is allergic to penicillin..." for 600
 tokens), and the move to Lisbon was never noted; the same facts written "Rin lives in Berlin" gave a clean answer.
-A reply model shown "I moved here" as a memory also answers as if it had moved.
+A reply model shown "I moved here" as a memory also answers as if it had moved. The reply's own saves of what the
+person answered said about themselves ("My cat is called Mochi.") are written the same way, so a fact saved mid-reply
+and the same fact in the day's notes are one memory, not two.
 
 Only English sentences that open with the speaker ("I", "I'm", "my") are rewritten, by a few plain rules: the
 opening verb takes the third person, later "I" and "my" become "they" and "their". Anything else (Spanish, a
