@@ -574,6 +574,7 @@ async def test_a_saved_text_copied_from_the_transcript_keeps_no_label_or_id(
         ("My cat is called Mochi.", "Juno's cat is called Mochi."),  # what Qwen2.5-Coder 0.5B saves of Juno's message
         ("Remember that I host game night every Friday at 8pm.", "Juno hosts game night every Friday at 8pm."),
         ("My birthday is on May 3, please remember it.", "Juno's birthday is on May 3."),
+        ("Juno's birthday is on May 3, please remember it.", "Juno's birthday is on May 3."),  # what 1.5B saved
         ("I'm Juno. My cat is called Mochi.", "I'm Juno. My cat is called Mochi."),  # two sentences: kept as said
         ("Mi gato se llama Mochi.", "Mi gato se llama Mochi."),  # Spanish: kept as said
     ],

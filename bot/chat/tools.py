@@ -78,8 +78,6 @@ def memory_tools(*, server: bool, personal: bool, max_chars: int) -> list[dict[s
     ]
 
 
-
-
 class ToolCallError(InvalidInput):
     """A tool call refused before touching anything; the sentence goes back to the model as the tool result."""
 
@@ -155,11 +153,12 @@ def _as_fact_of_author(text: str, name: str) -> str:
     """A save of the author's own words as a fact about them: Qwen2.5-Coder saves what it was told as it was said
     ("My cat is called Mochi.", "Remember that I host game night every Friday at 8pm."), which reads like someone
     else's words in the next prompt and misses the same fact the day-end notes write as "Juno's cat is called
-    Mochi." Text the rules cannot rewrite (Spanish, not in the first person) is kept as it is."""
-    said = _PLEASE_REMEMBER_IT.sub(r"\1", _ASKED_TO_REMEMBER.sub("", text, count=1)).strip()
+    Mochi." A request to remember goes in every case ("Rin's birthday is on May 3, please remember it." is how 1.5B
+    saved it); text the rules cannot rewrite (Spanish, not in the first person) is kept as it is otherwise."""
+    said = _PLEASE_REMEMBER_IT.sub(r"\1", _ASKED_TO_REMEMBER.sub("", text, count=1)).strip() or text
     if not name.strip() or not first_person(said) or _SENTENCE_BREAK.search(said):  # one sentence: the rules' reach
-        return text
-    return in_third_person(stated(said), name) or text
+        return said
+    return in_third_person(stated(said), name) or said
 
 
 def _about_user(value: object, context: ToolContext) -> int:
