@@ -4,11 +4,13 @@ background, and `/summaries` lists, shows, regenerates, backfills and switches t
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime
 from pathlib import Path
 
 from bot.config import Settings
 from bot.console import run_console
 from bot.embeddings.providers import BuiltinEmbedder
+from bot.summaries.writer import DAY_INSTRUCTIONS
 from tests.fakes import FakeChatServer
 
 
@@ -23,6 +25,7 @@ async def test_a_day_summary_appears_after_day_and_the_commands_work_on_it(
 ) -> None:
     async with FakeChatServer() as chat:  # the summary model defaults to the chat model: answered aside
         settings = Settings(database_url=db_url, data_dir=tmp_path, chat_base_url=chat.base_url, chat_model="fake-model")
+        started = datetime.now(UTC).date()
         text = await run(settings, [
             "/as Juno",
             "/say we planned a picnic for Saturday",
@@ -39,9 +42,13 @@ async def test_a_day_summary_appears_after_day_and_the_commands_work_on_it(
             "/summaries everything",
             "/summaries show 99",
         ], builtin_embedder)
-        assert len(chat.summary_requests) == 2  # the rollover's, then the regeneration; the backfill had nothing to do
+        days = [body for body in chat.summary_requests if body["messages"][0]["content"] == DAY_INSTRUCTIONS]
+        assert len(days) == 2  # the rollover's, then the regeneration; the backfill had nothing to do
+    # The console starts on today's date: begun on a Sunday, the /day also ends the week, whose fold is listed too.
+    listed = 2 if started.weekday() == 6 else 1
     assert "summaries of this channel: none yet (a chat day is summarised after it ends; /day)" in text
-    assert "summaries of this channel: 1\n  #1 " in text and "tokens] " in text
+    assert f"summaries of this channel: {listed}\n" in text and f"\n  #1 {started:%a %Y-%m-%d} [" in text
+    assert "tokens] " in text
     assert "Juno: we planned a picnic for Saturday" in text.split("summary #1 ")[1]
     assert text.count("summary #1 ") == 2 and "[ready, 1 messages]" in text  # show, then regenerate
     assert "backfill done: days 0/0 · 0 written · weeks folded 0" in text and "running it again resumes" in text
