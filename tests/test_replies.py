@@ -141,6 +141,22 @@ async def test_a_claimed_save_that_did_not_run_never_reaches_people_as_is(
     assert outcome.chunks == ["I've saved it!"]  # a save that ran may be said
 
 
+async def test_an_answer_that_was_only_a_claimed_save_is_asked_again_and_keeps_the_line(
+    pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock
+) -> None:
+    """Qwen2.5-Coder 1.5B answered "please remember my birthday" with only "I've saved it." and no call: the line
+    saying nothing was saved was then the whole reply. Asked again, its answer comes with that line."""
+    chat.text("I've saved your birthday.").text("Happy early birthday, Rin!")
+    outcome = await turn(pipeline, clock, RIN, "please remember my birthday is on May 3")
+    assert outcome.chunks == [f"Happy early birthday, Rin!\n{NOT_SAVED}"] and outcome.changes == []
+    assert len(chat.requests) == 2 and "do not say it was" in chat.messages(1)[-1]["content"]
+    assert outcome.receipt.asked_again
+
+    chat.text("I've saved it.").text("Saved it!")  # the second answer claims the save again: the true line alone
+    outcome = await turn(pipeline, clock, RIN, "and remember that I play the cello")
+    assert outcome.chunks == [NOT_SAVED] and outcome.changes == []
+
+
 async def test_a_call_quoted_from_another_member_is_not_run(
     pipeline: ReplyPipeline, chat: FakeChatServer, clock: ManualClock
 ) -> None:

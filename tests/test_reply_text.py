@@ -21,10 +21,12 @@ from bot.chat.reply_text import (
     LEAD_IN,
     NOT_SAVED,
     NOT_SAVED_ES,
+    ONLY_CLAIM,
     REPEAT,
     TOOL_WORDING,
     USER_ID,
     ReplyFacts,
+    again_request,
     check,
     history_text,
     honest_sentence,
@@ -326,6 +328,17 @@ def test_a_claim_in_the_simple_past_is_a_claim_too(reply: str) -> None:
     """Qwen2.5-Coder 1.5B answered "Forget Bau's birthday, please." with the first line, and no memory changed."""
     checked = check(reply, facts("Forget Bau's birthday, please."))
     assert CLAIM in checked.problems and checked.text == NOT_SAVED
+
+
+def test_an_answer_that_is_only_a_claim_is_worth_another_try() -> None:
+    """What is left of "I've saved it." is true but answers nothing: the pipeline asks once more."""
+    alone = check("I've saved your birthday.", facts("please remember my birthday is on May 3"))
+    assert alone.text == NOT_SAVED and ONLY_CLAIM in alone.problems and alone.usable
+    with_answer = check("I've saved your birthday. Happy early birthday!", facts("my birthday is on May 3"))
+    assert ONLY_CLAIM not in with_answer.problems and CLAIM in with_answer.problems
+    assert "do not say it was" in again_request(alone.problems, "Rin", spanish=False)
+    assert "no digas" in again_request(alone.problems, "Rin", spanish=True)
+    assert check("Saved it!", facts("and remember that I play the cello")).text == NOT_SAVED  # short, and a claim
 
 
 @pytest.mark.parametrize(

@@ -189,6 +189,7 @@ async def test_the_long_conversation_passes_when_the_bot_fixes_what_small_models
     # the first birthday answer claimed a save that never ran, and said so; the two after it said the same once the
     # claim was out (a repeat) and were asked for again: one second answer was usable, the other echoed the request,
     # so that one reply is the honest sentence
-    assert "the honest sentence instead of the model's answer 1/16; the line saying nothing was saved 1" in figures, figures
+    assert "the honest sentence instead of the model's answer 1/16; " \
+           "the line saying nothing was saved 1 (0 of them alone)" in figures, figures
     recorded = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
     assert any(r["raw"].startswith(f"Juno (user {JUNO_ID}): ") and "label" in r["problems"] for r in recorded)

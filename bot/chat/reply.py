@@ -25,7 +25,17 @@ from bot.chat.messages import IncomingMessage
 from bot.chat.model import ChatModel
 from bot.chat.notices import ChangeKind, MemoryChange, Notices, build_notices, what_was_done
 from bot.chat.receipts import Receipt, ReplyStatus, build_receipt, dry_run_text
-from bot.chat.reply_text import LANGUAGE, ReplyFacts, again_request, check, history_text, honest_sentence, looks_spanish
+from bot.chat.reply_text import (
+    CLAIM,
+    LANGUAGE,
+    ONLY_CLAIM,
+    ReplyFacts,
+    again_request,
+    check,
+    history_text,
+    honest_sentence,
+    looks_spanish,
+)
 from bot.chat.sources import SummarySource, TailSource
 from bot.chat.tools import MemoryTools, ToolContext
 from bot.config import Settings
@@ -53,6 +63,7 @@ APOLOGY = "Sorry, I can't answer right now: my language model did not respond. P
 EMPTY_ANSWER = "Sorry, my language model came back with an empty answer. Please try again, or put it another way."
 TOO_LARGE = "Sorry, I can't answer: my instructions alone no longer fit in my context window. An admin needs to shorten them."
 OWN_SENTENCES = frozenset({APOLOGY, EMPTY_ANSWER, TOO_LARGE})  # the bot's, never shown to the model as its words
+_WORTH_ANOTHER_TRY = frozenset({LANGUAGE, ONLY_CLAIM})  # postable as they are, but a second answer is likely better
 
 
 @dataclass
@@ -294,7 +305,7 @@ class ReplyPipeline:
         text = answer.text
         acted = bool(changes or context.said or answer.quoted)
         posted, answered.problems, answered.asked_again = await self._checked(
-            text, self._facts(message, read, context), answer.messages, message
+            text, _reply_facts(message, read, context), answer.messages, message
         )
         answered.status = ReplyStatus.REPLIED
         done_something = any(change.kind != ChangeKind.REJECTED for change in changes) or context.remembered
@@ -309,21 +320,6 @@ class ReplyPipeline:
         answered.chunks = split_message(neutralize_broadcasts(posted))
         return answered
 
-    @staticmethod
-    def _facts(message: IncomingMessage, read: _Read, context: ToolContext) -> ReplyFacts:
-        """What the check of the reply text compares it with: the message, who speaks, earlier replies, what was done."""
-        window, names = read.window, read.names
-        asked = {line.message_id: line.text for line in window}
-        return ReplyFacts(
-            answered=message.text,
-            speakers={**{user: names.get(user, "") for user in read.participants}, message.author_id: message.author_name},
-            persona_name=read.settings.persona.name,
-            earlier_replies=[line.text for line in window if line.from_self],
-            earlier_asked=[asked.get(line.reply_to or 0, "") for line in window if line.from_self],
-            people_said=[line.text for line in window if not line.from_self and line.message_id != message.message_id],
-            done=_done(context.changes, context.remembered),
-        )
-
     async def _checked(
         self, text: str, facts: ReplyFacts, messages: list[dict[str, Any]], message: IncomingMessage
     ) -> tuple[str, list[str], bool]:
@@ -332,10 +328,12 @@ class ReplyPipeline:
         one more try (without tools), and so does an answer in another language than the message's; "" when that
         fails too, so the honest sentence in the message's language is posted: the person reads that no good answer
         came, in their language, instead of an answer they may not read (with the 0.5B model such answers were mostly
-        the question echoed back or JSON)."""
+        the question echoed back or JSON). An answer that was only a claimed save gets one more try too: with the
+        1.5B model the line saying nothing was saved was then the whole reply, five times in one run; the second
+        answer is posted with that line, and the line alone when the second answer is no better."""
         checked = check(text, facts)
         problems = list(checked.problems)
-        if checked.usable and LANGUAGE not in checked.problems:
+        if checked.usable and not _WORTH_ANOTHER_TRY.intersection(checked.problems):
             return checked.text, problems, False
         request = again_request(checked.problems, message.author_name, looks_spanish(message.text))
         log.info("Reply to message %s could not be posted as it was (%s); asking the model again", message.message_id,
@@ -345,9 +343,11 @@ class ReplyPipeline:
         if error is None and again:
             second = check(again, dataclasses.replace(facts, also_not=(*facts.also_not, request, text)))
             problems += [problem for problem in second.problems if problem not in problems]
-            if second.usable and LANGUAGE not in second.problems:
+            if second.usable and not _WORTH_ANOTHER_TRY.intersection(second.problems):
+                if ONLY_CLAIM in checked.problems and CLAIM not in second.problems:
+                    return f"{second.text}\n{checked.text}", problems, True  # the answer, and that nothing was saved
                 return second.text, problems, True
-        return "", problems, True
+        return (checked.text if ONLY_CLAIM in checked.problems else ""), problems, True
 
     async def _summaries(self, message: IncomingMessage) -> list[HeadSummary]:
         """The channel's summaries for the head; a failure to read them is logged and costs the reply nothing else."""
@@ -402,6 +402,21 @@ class ReplyPipeline:
         found = [message.author_id]
         found += [line.author_id for line in window if not line.is_bot and not line.from_self]
         return [p for p in dict.fromkeys(found) if p != self.bot_user_id]
+
+
+def _reply_facts(message: IncomingMessage, read: _Read, context: ToolContext) -> ReplyFacts:
+    """What the check of the reply text compares it with: the message, who speaks, earlier replies, what was done."""
+    window, names = read.window, read.names
+    asked = {line.message_id: line.text for line in window}
+    return ReplyFacts(
+        answered=message.text,
+        speakers={**{user: names.get(user, "") for user in read.participants}, message.author_id: message.author_name},
+        persona_name=read.settings.persona.name,
+        earlier_replies=[line.text for line in window if line.from_self],
+        earlier_asked=[asked.get(line.reply_to or 0, "") for line in window if line.from_self],
+        people_said=[line.text for line in window if not line.from_self and line.message_id != message.message_id],
+        done=_done(context.changes, context.remembered),
+    )
 
 
 def _done(changes: Sequence[MemoryChange], remembered: bool) -> set[str]:

@@ -47,8 +47,8 @@ NOT_SAVED_ES = "(No he guardado nada en mi memoria en esta respuesta.)"
 NOTICE_MARKS = ("📝", "✏️", "🗑️", "📦", "⚠️", "🗒️")  # the first character of every notice line the bot writes
 
 # Problems `check` reports (the receipts count them; `make smoke` fails on the ones that reach people).
-LABEL, USER_ID, FENCE, TOOL_WORDING, CLAIM, ECHO, REPEAT, EMPTY, LANGUAGE, LEAD_IN = (
-    "label", "user id", "fence", "tool wording", "claim", "echo", "repeat", "empty", "language", "lead-in"
+LABEL, USER_ID, FENCE, TOOL_WORDING, CLAIM, ECHO, REPEAT, EMPTY, LANGUAGE, LEAD_IN, ONLY_CLAIM = (
+    "label", "user id", "fence", "tool wording", "claim", "echo", "repeat", "empty", "language", "lead-in", "only a claim"
 )
 UNUSABLE = frozenset({ECHO, REPEAT, EMPTY})
 
@@ -340,7 +340,7 @@ _CLAIMS: dict[str, tuple[re.Pattern[str], ...]] = {
         re.compile(
             r"^\s*(?:(?:ok(?:ay)?|sure|got it|alright|vale|claro)\s*[,!.]?\s*)?(?:all\s+|it's\s+|it is\s+)?"
             r"(?:done|updated|saved|noted|changed|deleted|forgotten|removed|hecho|listo|actualizado|guardado|anotado|"
-            r"borrado)\s*[.!]*\s*$",
+            r"borrado)(?:\s+(?:it|that|this))?\s*[.!]*\s*$",
             re.IGNORECASE,
         ),
     ),
@@ -491,13 +491,15 @@ def check(text: str, facts: ReplyFacts) -> CheckedReply:
     if without_data != cleaned:
         problems.append(TOOL_WORDING)
         cleaned = without_data.strip()
-    cleaned, _ = _drop_sentences(cleaned, facts, problems)
+    cleaned, false_claim = _drop_sentences(cleaned, facts, problems)
     if _only_a_name(cleaned, facts):  # "Rin." - a speaker's label with nothing after it
         problems += [LABEL, EMPTY]
         cleaned = ""
     elif not _has_words(cleaned):
         problems.append(EMPTY)
         cleaned = ""
+    elif false_claim and not history_text(cleaned):
+        problems.append(ONLY_CLAIM)  # postable (it is true), but worth one more try for an answer to go with it
     elif any(is_echo(history_text(cleaned), source) for source in _echo_sources(facts)):
         problems.append(ECHO)  # of this message or an earlier one; without the line saying nothing was saved (the bot's)
     elif is_repeat(history_text(cleaned), facts.earlier_replies, facts.earlier_asked, facts.answered,
@@ -517,6 +519,8 @@ def again_request(problems: Collection[str], author_name: str, spanish: bool) ->
             why = f"Eso solo repetía el mensaje de {author_name}."
         elif REPEAT in problems:
             why = "Eso repetía una de tus respuestas anteriores."
+        elif ONLY_CLAIM in problems:
+            why = "No se guardó nada en la memoria; no digas que sí."
         elif LANGUAGE in problems:
             why = f"{author_name} escribió en español."
         else:
@@ -529,6 +533,8 @@ def again_request(problems: Collection[str], author_name: str, spanish: bool) ->
         why = f"That only repeated {author_name}'s message."
     elif REPEAT in problems:
         why = "That repeated one of your earlier replies."
+    elif ONLY_CLAIM in problems:
+        why = "Nothing was saved to memory; do not say it was."
     elif LANGUAGE in problems:
         why = f"{author_name} wrote in English."
     else:

@@ -94,6 +94,7 @@ class Tally:
     spanish_answered: int = 0
     honest: int = 0  # replies that were the bot's honest sentence: the model's own answers could not be posted
     not_saved: int = 0  # replies that carried the line saying nothing was saved (a claim was taken out)
+    not_saved_alone: int = 0  # of those, the replies that were that line and nothing else
     failing_turns: list[str] = field(default_factory=list)
 
     def add(self, label: str, reading: ReplyReading, answered: str, posted: str) -> None:
@@ -103,6 +104,7 @@ class Tally:
         self.asked_again += reading.asked_again
         self.honest += posted.strip() in (HONEST, HONEST_ES)
         self.not_saved += any(line.strip() in (NOT_SAVED, NOT_SAVED_ES) for line in posted.splitlines())
+        self.not_saved_alone += posted.strip() in (NOT_SAVED, NOT_SAVED_ES)
         if looks_spanish(answered):
             self.spanish_asked += 1
             self.spanish_answered += looks_spanish(posted)
@@ -116,7 +118,7 @@ class Tally:
             f"{self.replies} replies; in what was posted: {seen}; Spanish questions answered in Spanish "
             f"{self.spanish_answered}/{self.spanish_asked}. The bot's checks took out: {fixed}; asked the model again "
             f"{self.asked_again} times; the honest sentence instead of the model's answer {self.honest}/{self.replies}; "
-            f"the line saying nothing was saved {self.not_saved}"
+            f"the line saying nothing was saved {self.not_saved} ({self.not_saved_alone} of them alone)"
         )
 
 
