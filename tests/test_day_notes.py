@@ -460,6 +460,7 @@ async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(worl
         ("P1", "self", "Juno: lol nice. anyone seen the new Zelda trailer?"),
         ("P2", "server", "game night is every Friday at 8pm on this server"),
         ("P2", "self", "the group exam is on May 12, room B4"),  # a plan copied as "self": still the group's
+        ("P2", "self", "Bau asks about the game night schedule."),  # what someone asked is no fact about them
     ))
     await end_day(world, MONDAY)
     assert sorted((m.list, m.text) for m in await memories(world)) == [
@@ -473,6 +474,7 @@ async def test_questions_and_small_talk_copied_from_the_lines_are_not_facts(worl
         "Rin: gracias! la ciudad es preciosa": "small talk copied from a line, not a fact",
         "Rin thanks! la ciudad es preciosa": "small talk copied from a line, not a fact",
         "Juno: lol nice. anyone seen the new Zelda trailer?": "a question, not a fact",
+        "Bau asks about the game night schedule.": "a question, not a fact",
     }
 
 

@@ -20,6 +20,7 @@ from bot.chat.messages import IncomingMessage
 from bot.chat.notices import ChangeKind
 from bot.chat.receipts import ReplyStatus
 from bot.chat.reply import APOLOGY, EMPTY_ANSWER, ReplyPipeline
+from bot.chat.reply_text import NOT_SAVED
 from bot.clock import ManualClock
 from bot.config import Settings
 from bot.embeddings.providers import BuiltinEmbedder, create_embedder
@@ -164,7 +165,8 @@ async def test_tools_the_bot_does_not_offer_here_change_nothing(
                     ("forget_memory", {"memory_id": kept.saved.id}), text="ok")
     outcome = await pipeline.reply(said("remember this", clock))
     assert "tools" not in chat.requests[0]  # none offered where the bot may not teach itself ...
-    assert outcome.chunks == ["ok"] and outcome.changes == []  # ... and calls to them are not run
+    assert outcome.changes == []  # ... and calls to them are not run, so "ok" to "remember this" says so
+    assert outcome.chunks == [NOT_SAVED]
     assert [m.text for m in await core.all_memories()] == ["The server was founded in 2019"]
 
     chat.tool_calls(("save_memory", {"text": "DM fact", "list": "server"}),

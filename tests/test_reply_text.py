@@ -330,6 +330,31 @@ def test_a_claim_in_the_simple_past_is_a_claim_too(reply: str) -> None:
     assert CLAIM in checked.problems and checked.text == NOT_SAVED
 
 
+@pytest.mark.parametrize(
+    ("asked", "reply", "done", "posted"),
+    [  # Qwen2.5-Coder 1.5B's answers to requests it made no call for
+        ("Forget Bau's birthday, please.", "Sure thing, Juno!", (), NOT_SAVED),
+        ("My birthday is on May 3, please remember it.", "Sure thing, Rin. May you have a happy birthday!", (),
+         f"May you have a happy birthday!\n{NOT_SAVED}"),
+        ("Game night moved to Saturdays at 7pm. Please update that.", "Okay! Game night is on Saturdays now.", (),
+         f"Game night is on Saturdays now.\n{NOT_SAVED}"),
+        ("¿Puedes olvidar mi cumpleaños? Olvida eso.", "¡Claro, Rin!", (), NOT_SAVED_ES),
+        # a request that ran, a question, or an answer that says more than "sure": as they are
+        ("Please remember that I host game night.", "Sure thing, Bau!", ("saved",), "Sure thing, Bau!"),
+        ("Do you remember when my birthday is?", "Sure! It is on May 3.", (), "Sure! It is on May 3."),
+        ("Can you recommend a good sci-fi novel?", "Sure thing, Juno!", (), "Sure thing, Juno!"),
+        ("Please remember that I host game night.", "Sure, game night on Fridays sounds like a lot of fun.", (),
+         "Sure, game night on Fridays sounds like a lot of fun."),
+    ],
+)
+def test_a_bare_acknowledgement_of_a_request_that_did_not_run_is_a_claim(
+    asked: str, reply: str, done: tuple[str, ...], posted: str
+) -> None:
+    checked = check(reply, facts(asked, done=done))
+    assert checked.text == posted
+    assert (CLAIM in checked.problems) is (posted != reply)
+
+
 def test_an_answer_that_is_only_a_claim_is_worth_another_try() -> None:
     """What is left of "I've saved it." is true but answers nothing: the pipeline asks once more."""
     alone = check("I've saved your birthday.", facts("please remember my birthday is on May 3"))

@@ -27,7 +27,7 @@ from bot.chat.model import MAX_CALLS_PER_ANSWER
 from bot.chat.notices import ChangeKind
 from bot.chat.receipts import ReplyStatus
 from bot.chat.reply import ReplyOutcome, ReplyPipeline
-from bot.chat.reply_text import HONEST
+from bot.chat.reply_text import HONEST, NOT_SAVED
 from bot.clock import ManualClock
 from bot.memory.models import MemoryList, NewMemory, Source
 from bot.services import build_services
@@ -640,7 +640,7 @@ async def test_the_model_cannot_forget_a_protected_memory(
     assert result["ok"] is False and "protected" in result["error"] and len(result["error"]) < 300
     assert [(m["id"], m["text"]) for m in await memories(pool)] == [(kept, "Juno is allergic to peanuts")]
     assert [change.kind for change in outcome.changes] == [ChangeKind.REJECTED]
-    assert outcome.status == ReplyStatus.REPLIED and outcome.chunks == ["Okay."]
+    assert outcome.status == ReplyStatus.REPLIED and outcome.chunks == [NOT_SAVED]  # not "Okay.": nothing ran
 
 
 @pytest.mark.parametrize(
@@ -690,7 +690,7 @@ async def test_forgetting_a_server_memory_needs_manage_server(
     assert outcome.prompt is not None and target in outcome.prompt.shown_memory_ids
     [result] = chat.tool_results(1)
     remaining = [m["id"] for m in await memories(pool)]
-    assert outcome.status == ReplyStatus.REPLIED and outcome.chunks == ["Okay."]
+    assert outcome.status == ReplyStatus.REPLIED and outcome.chunks == (["Okay."] if can_manage else [NOT_SAVED])
     if can_manage:
         assert result == {"ok": True, "forgotten": target} and remaining == []
         assert [change.kind for change in outcome.changes] == [ChangeKind.FORGOTTEN]

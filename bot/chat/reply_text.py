@@ -12,7 +12,8 @@ once more. So every reply passes `check` before it is posted:
 - a sentence in tool wording (`memory_id`, "forgotten to make room") goes, and so does a memory line or tool
   result the model copied (`{"id": 4, "text": "..."}`; when that is the whole reply, its text is the answer);
 - a sentence saying a memory was saved, changed or forgotten when no such change ran in this reply goes,
-  and one line says that nothing was saved (people must be able to trust such a sentence);
+  and one line says that nothing was saved (people must be able to trust such a sentence); so does a short
+  "Sure thing, Rin!" that opens the answer to a request to remember, change or forget, when nothing ran;
 - what is left is flagged when it is empty, an echo of the message, or a repeat of an earlier reply:
   the reply pipeline then asks the model once more, and if that fails too, posts one honest sentence;
 - an answer in the other language (English to a Spanish message, Spanish to an English one) is asked for once more
@@ -345,6 +346,31 @@ _CLAIMS: dict[str, tuple[re.Pattern[str], ...]] = {
         ),
     ),
 }
+# A request for a change, and a short acknowledgement at the start of the answer to one: with nothing run, the
+# acknowledgement is a claim (Qwen2.5-Coder 1.5B answered "Forget Bau's birthday, please." with "Sure thing, Juno!").
+_REQUESTS = {
+    "saved": re.compile(
+        r"(?:^|[.!?,]\s*|\b(?:please|pls|can you|could you|would you|and)\s+)(?:remember|save|note|keep in mind)\b"
+        r"|\b(?:recuerda|recuérdalo|apunta|guarda|anota)\b",
+        re.IGNORECASE,
+    ),
+    "updated": re.compile(
+        r"(?:^|[.!?,]\s*|\b(?:please|pls|can you|could you|would you|and)\s+)(?:update|change|correct)\b"
+        r"|\b(?:actualiza|cambia|corrige)\b",
+        re.IGNORECASE,
+    ),
+    "forgotten": re.compile(
+        r"(?:^|[.!?,]\s*|\b(?:please|pls|can you|could you|would you|and)\s+)(?:forget|delete|remove|erase)\b"
+        r"|\b(?:olvida|bórralo|borra|elimina)\b",
+        re.IGNORECASE,
+    ),
+}
+_ACKNOWLEDGEMENT = re.compile(
+    r"[\s¡]*(?:sure(?: thing)?|got it|okay|ok|will do|of course|no problem|absolutely|alright|all right|understood|"
+    r"certainly|claro|vale|de acuerdo|entendido|por supuesto|perfecto)\b",
+    re.IGNORECASE,
+)
+ACKNOWLEDGEMENT_WORDS = 5  # "Sure thing, Rin." is the acknowledgement; "Sure, the capital of France is Paris." answers
 # what really ran, for each kind of claim
 _BACKED_BY = {
     "done": {"saved", "updated", "forgotten", "remembered"},
@@ -363,16 +389,28 @@ def claimed(sentence: str) -> set[str]:
     return {kind for kind, patterns in _CLAIMS.items() if any(pattern.search(sentence) for pattern in patterns)}
 
 
+def requested(message: str) -> set[str]:
+    """The kinds of memory change a message asks for ("Please remember that…", "Forget Bau's birthday, please.")."""
+    return {kind for kind, pattern in _REQUESTS.items() if pattern.search(message)}
+
+
 def _drop_sentences(text: str, facts: ReplyFacts, problems: list[str]) -> tuple[str, bool]:
     """Without the sentences in tool wording and those claiming a change that did not run; whether a claim went."""
     kept: list[str] = []
     false_claim = spanish_claim = False
+    asked = requested(facts.answered)
+    opening = True
     for sentence in _sentences(text):
         if _TOOL_WORDING.search(sentence):
             problems.append(TOOL_WORDING)
             kept.append("\n" if sentence.endswith("\n") else "")
             continue
-        unbacked = {kind for kind in claimed(sentence) if not _BACKED_BY[kind] & set(facts.done)}
+        said = claimed(sentence)
+        if opening and _has_words(sentence):
+            opening = False
+            if asked and _ACKNOWLEDGEMENT.match(sentence) and len(sentence.split()) <= ACKNOWLEDGEMENT_WORDS:
+                said |= asked  # "Sure thing, Rin." to "please remember my birthday" says it is done
+        unbacked = {kind for kind in said if not _BACKED_BY[kind] & set(facts.done)}
         if unbacked:
             problems.append(CLAIM)
             false_claim = True

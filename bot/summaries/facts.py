@@ -469,6 +469,8 @@ def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
     said = _without_prefix(fact.text, speaker)
     if said.rstrip().endswith("?") and not first_person(said):
         return "a question, not a fact"
+    if _ASKED.match(_without_name(said, speaker)):  # "Bau asks about the game night schedule." (1.5B's note)
+        return "a question, not a fact"
     names = set(_words(f"{speaker.name} {speaker.tag}"))
     own = [word for word in _words(said) if word not in names]
     heard = set(_words(line))
@@ -478,6 +480,21 @@ def _small_talk(fact: RawFact, speaker: Speaker, line: str) -> str:
             return "small talk copied from a line, not a fact"
         return "a line not about its speaker (no first person) and no plan of the group"
     return ""
+
+
+_ASKED = re.compile(
+    r"\s*(?:asks?|asked|is asking|was asking|wants to know|wanted to know|inquires|inquired|wonders|wondered|"
+    r"pregunta|preguntó|quiere saber)\b",
+    re.IGNORECASE,
+)
+
+
+def _without_name(text: str, speaker: Speaker) -> str:
+    """A fact without the speaker's name in front ("Bau asks about …" → "asks about …")."""
+    for name in sorted({speaker.name, _first_name(speaker.name), speaker.tag}, key=len, reverse=True):
+        if name and text.casefold().startswith(name.casefold()):
+            return text[len(name):]
+    return text
 
 
 def _without_prefix(text: str, speaker: Speaker) -> str:
