@@ -117,6 +117,19 @@ ADDRESS = re.compile(r"^\s*(?:<@!?\d+>\s*,?|@?[^\W\d_][\w-]*\s*,)\s*")  # "Deskm
 LABEL = re.compile(r"^\s*([^\W\d_]+(?:\s+[^\W\d_]+){0,2})\s*:\s+")  # "correction: ", "heads up: ", "big news: "
 
 
+ASKED_TO_REMEMBER = re.compile(r"^\s*(?:please\s+)?(?:remember|note(?:\s+down)?|save)\s+(?:that\s+)?", re.IGNORECASE)
+PLEASE_REMEMBER_IT = re.compile(
+    r",?\s*(?:so\s+)?(?:please\s+)?remember\s+(?:it|that|this)(?:,?\s*please)?\s*([.!]*)\s*$", re.IGNORECASE
+)
+
+
+def without_request(sentence: str) -> str:
+    """A sentence without its request to remember ("Please remember that my cat is called Mochi." -> "my cat is called
+    Mochi.", "My birthday is on May 3, please remember it." -> "My birthday is on May 3."); "" when it had none."""
+    said = PLEASE_REMEMBER_IT.sub(r"\1", ASKED_TO_REMEMBER.sub("", sentence, count=1)).strip()
+    return said if said != sentence.strip() else ""
+
+
 def stated(line: str) -> str:
     """What a line says, without an address to someone ("Deskmate, ") and a leading label ("correction: ",
     "heads up: "): "Deskmate, correction: my cat is actually called Luna" -> "my cat is actually called Luna".

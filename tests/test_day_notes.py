@@ -707,3 +707,29 @@ async def test_a_personal_fact_needs_a_line_in_the_first_person(world: World, su
     summarizer.text(facts(("P1", "self", "Juno's dog Taco turned five today"), ("P2", "self", "Sam is happy birthday to Taco")))
     await end_day(world, MONDAY)  # what Qwen2.5-Coder 1.5B made of Sam's wishes
     assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno's dog Taco turned five today")]
+
+
+async def test_a_request_to_remember_that_the_model_left_out_is_noted_from_its_line(
+    world: World, summarizer: FakeChatServer
+) -> None:
+    """Qwen2.5-Coder 0.5B made no call for Juno's request and wrote no facts for the day: the request was lost."""
+    await world.services.servers.set_privacy(RIN, Privacy.PARTIAL)
+    await say(world, MONDAY, [
+        (JUNO, "Hi! I'm Juno. Please remember that my cat is called Mochi."),
+        (BAU, "My birthday is on May 3, please remember it."),
+        (RIN, "please remember that I live in Madrid"),  # privacy partial: nothing about Rin
+        (BAU, "Please remember that Juno is a cheater."),  # about someone else: never Juno's memory, nor Bau's
+        (JUNO, "Can you remember when game night is?"),  # a question
+    ])
+    summarizer.text(facts())
+    await end_day(world, MONDAY)
+    assert sorted((m.owner_id, m.text) for m in await memories(world)) == sorted(
+        [(JUNO, "Juno's cat is called Mochi."), (BAU, "Bau's birthday is on May 3.")]
+    )
+    assert "Juno's cat is called Mochi." in await key_details(world, MONDAY)
+
+    tuesday = MONDAY + timedelta(days=2)
+    await say(world, tuesday, [(JUNO, "Please remember that my cat is called Mochi.")])
+    summarizer.text(facts(("P1", "self", "Juno's cat is called Mochi")))  # the model's note of the line: no second
+    await end_day(world, tuesday)
+    assert len(await memories(world)) == 2

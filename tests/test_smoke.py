@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from bot.__main__ import main
+from bot.chat.reply_text import NOT_SAVED
 from bot.config import Settings
 from bot.db import Database
 from bot.embeddings.providers import BuiltinEmbedder, DeadlineEmbedder
@@ -68,7 +69,8 @@ async def test_nothing_saved_is_a_fail_on_a_throwaway_database(
     chat.default_text = "Sure!"
     lines: list[str] = []
     embedder = DeadlineEmbedder(builtin_embedder, 30.0)
-    status = await run_smoke(_settings(chat, database_url=db_url), lines.append, embedder=embedder, long=False)
+    settings = _settings(chat, database_url=db_url, memory_notes="tools")  # the reply's tools alone: nothing saved
+    status = await run_smoke(settings, lines.append, embedder=embedder, long=False)
     assert status == EXIT_FAIL
     assert lines[-1].startswith("FAIL: no personal memory of Juno mentions Mochi (0 memories")
     assert "Memories stored: 0" in lines
@@ -87,13 +89,31 @@ async def test_a_refused_call_is_shown_with_the_reason(
     chat.tool_calls(("save_memory", {"text": "Juno's cat is called Mochi", "list": "Personal memories"})).text("Done!")
     lines: list[str] = []
     status = await run_smoke(
-        _settings(chat), lines.append, database=Database(db_url, pool), embedder=DeadlineEmbedder(builtin_embedder, 30.0),
+        _settings(chat, memory_notes="tools"), lines.append, database=Database(db_url, pool),
+        embedder=DeadlineEmbedder(builtin_embedder, 30.0),
         long=False,
     )
     out = "\n".join(lines)
     assert status == EXIT_FAIL
     assert "tool calls: native, 1 run (tool rounds 1, calls read from text 0)" in out
     assert '"list": "Personal memories"}) -> refused: list must be one of: personal, server' in out
+
+
+async def test_a_request_the_reply_did_not_save_is_kept_by_the_day_end_notes(
+    chat: FakeChatServer, pool: asyncpg.Pool, db_url: str, builtin_embedder: BuiltinEmbedder
+) -> None:
+    """Qwen2.5-Coder 0.5B made no call for Juno's cat and wrote no facts for the day: the notes keep it from her line,
+    and the reply said nothing was saved instead of its "Sure!"."""
+    chat.default_text = "Sure!"
+    lines: list[str] = []
+    status = await run_smoke(
+        _settings(chat), lines.append, database=Database(db_url, pool), embedder=DeadlineEmbedder(builtin_embedder, 30.0),
+        long=False,
+    )
+    out = "\n".join(lines)
+    assert status == EXIT_PASS, out
+    assert "Memories written by the day-end notes: 1" in out and "Juno's cat is called Mochi." in out
+    assert "reply (" in out and f"): {NOT_SAVED}" in out
 
 
 def test_without_a_chat_model_it_says_what_to_set_and_exits_2(

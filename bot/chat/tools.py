@@ -23,7 +23,7 @@ from bot.memory.models import Conversation, MemoryList, NewMemory, SaveResult, S
 from bot.memory.service import MemoryCore
 from bot.memory.visibility import shown
 from bot.servers.models import GuildSettings
-from bot.third_person import first_person, in_third_person, stated
+from bot.third_person import first_person, in_third_person, stated, without_request
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +143,7 @@ def _personal_owner(arguments: dict[str, Any], text: str, context: ToolContext) 
     return about
 
 
-_ASKED_TO_REMEMBER = re.compile(r"^\s*(?:please\s+)?(?:remember|note(?:\s+down)?|save)\s+(?:that\s+)?", re.IGNORECASE)
 _SENTENCE_BREAK = re.compile(r"[.!?;]\s+\S")
-_PLEASE_REMEMBER_IT = re.compile(r",?\s*(?:so\s+)?(?:please\s+)?remember\s+(?:it|that|this)(?:,?\s*please)?\s*([.!]*)\s*$",
-                                 re.IGNORECASE)
 
 
 def _as_fact_of_author(text: str, name: str) -> str:
@@ -155,7 +152,7 @@ def _as_fact_of_author(text: str, name: str) -> str:
     else's words in the next prompt and misses the same fact the day-end notes write as "Juno's cat is called
     Mochi." A request to remember goes in every case ("Rin's birthday is on May 3, please remember it." is how 1.5B
     saved it); text the rules cannot rewrite (Spanish, not in the first person) is kept as it is otherwise."""
-    said = _PLEASE_REMEMBER_IT.sub(r"\1", _ASKED_TO_REMEMBER.sub("", text, count=1)).strip() or text
+    said = without_request(text) or text
     if not name.strip() or not first_person(said) or _SENTENCE_BREAK.search(said):  # one sentence: the rules' reach
         return said
     return in_third_person(stated(said), name) or said

@@ -41,6 +41,7 @@ from bot.memory.saves import SaveCheck
 from bot.memory.service import MemoryCore
 from bot.servers.service import Servers
 from bot.summaries import store
+from bot.summaries.asked import asked_notes
 from bot.summaries.facts import BOT_TAG, Checked, DayText, FactCheck, Note, Speaker
 from bot.summaries.withdrawal import NOTES_LEAVE_OUT, Transcript, Withdrawals
 from bot.summaries.writer import Written
@@ -192,8 +193,11 @@ class DayNotes:
     # --- the model's facts, checked ---
 
     async def check(self, written: Written, day: DayText) -> Checked:
-        """The model's facts, checked (`bot.summaries.facts`): notes to save, the day's key details, what was dropped."""
-        return await self.facts.check(written, day)
+        """The model's facts, checked (`bot.summaries.facts`): notes to save, the day's key details, what was dropped;
+        and what people asked to remember about themselves that those notes left out (`bot.summaries.asked`)."""
+        checked = await self.facts.check(written, day)
+        checked.notes.extend(asked_notes(day, checked))
+        return checked
 
     async def week_details(self, proposed: Sequence[str], checked: Sequence[str]) -> list[str]:
         return await self.facts.week_details(proposed, checked)
