@@ -733,3 +733,20 @@ async def test_a_request_to_remember_that_the_model_left_out_is_noted_from_its_l
     summarizer.text(facts(("P1", "self", "Juno's cat is called Mochi")))  # the model's note of the line: no second
     await end_day(world, tuesday)
     assert len(await memories(world)) == 2
+
+
+async def test_a_request_to_remember_is_kept_when_the_days_summary_fails(world: World, summarizer: FakeChatServer) -> None:
+    """Qwen2.5-Coder 0.5B echoed its instructions for the day, twice: the summary failed, and with it the notes."""
+    summarizer.responder = lambda body: DAY_INSTRUCTIONS
+    thread = {"channel_id": 777, "parent_channel_id": CHANNEL, "private_thread": True}
+    await say(world, MONDAY, [(JUNO, "Please remember that my cat is called Mochi.")])
+    await say(world, MONDAY, [(RIN, "please remember that I am quitting my job in March")], **thread)
+    await end_day(world, MONDAY)
+    await say(world, MONDAY + timedelta(days=1), [(RIN, "morning!")], **thread)
+    await world.services.summaries.settle()
+    assert [(m.owner_id, m.text) for m in await memories(world)] == [(JUNO, "Juno's cat is called Mochi.")]
+
+    summarizer.responder = lambda body: facts(("P1", "self", "Juno's cat is called Mochi"))  # the retry succeeds
+    await say(world, MONDAY + timedelta(days=3), [(SAM, "hello again")])
+    await world.services.summaries.settle()
+    assert [m.text for m in await memories(world)] == ["Juno's cat is called Mochi."]  # not noted twice

@@ -107,6 +107,20 @@ class DayNotes:
             await self._tell(channel_id, guild_id, changes, label)
         return changes
 
+    async def write_asked(self, channel_id: int, guild_id: int | None, label: str, text: DayText) -> list[MemoryChange]:
+        """When the day's summary failed: what people asked to remember about themselves is saved all the same, since
+        a small model's summary may fail again on every retry (Qwen2.5-Coder 0.5B echoed its instructions). The day
+        is not claimed: its notes are still written when its summary is, and what was saved now is among the
+        remembered facts then, so it is not noted twice."""
+        checked = Checked()
+        checked.notes = asked_notes(text, checked)
+        if not checked.notes:
+            return []
+        changes = await self.save(checked.notes, text, guild_id=guild_id, reason=f"day-end notes of {label}")
+        if changes:
+            await self._tell(channel_id, guild_id, changes, label)
+        return changes
+
     async def _tell(self, channel_id: int, guild_id: int | None, changes: list[MemoryChange], label: str) -> None:
         guild = await self.servers.guild_settings(guild_id) if guild_id is not None else None
         names = await self.chat_log.names({c.about_user_id for c in changes if c.about_user_id is not None})

@@ -223,6 +223,8 @@ class SummaryWork:
         try:
             written = await self.writer.day(f"Chat of {label}", text.lines, text.preamble)
         except SummaryFailed as exc:
+            if notes_due:
+                await self.notes.write_asked(channel_id, guild_id, label, text)
             return await self._failed(channel_id, guild_id, Kind.DAY, day, today, str(exc))
         checked = await self.notes.check(written, text)  # key details follow the notes' rules
         saved = await self._save(
