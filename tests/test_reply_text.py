@@ -278,6 +278,8 @@ def test_a_lead_in_that_only_says_an_answer_follows_goes(reply: str, left: str) 
     [
         ('```json\n{\n    "id": 3,\n    "text": "The capital of France is Paris."\n}\n```', "The capital of France is Paris."),
         ("<tool_response> </tool_response>", ""),
+        ("<tools> </tools>", ""),  # 0.5B copied the chat template's tools section, posted as the whole reply
+        ("<tools>\n</tools>\n\nRin's birthday is on May 3.", "Rin's birthday is on May 3."),
         ('<tool_response>\n{"ok": true}\n</tool_response>\nDone!', "Done!"),
     ],
 )

@@ -296,7 +296,8 @@ _SENTENCE = re.compile(r"[^.!?\n]*(?:[.!?]+[\"'”’)\]]*|\n|$)")
 _TOOL_WORDING = re.compile(
     r"\b(?:save_memory|update_memory|forget_memory|memory_id|forgotten_to_make_room|similar_memories|"
     r"already_remembered_as|about_user|tool_calls?|tool_choice|tool results?)\b|forgotten to make room|"
-    r"already remembered as|\bsimilar memories\b|<\s*/?\s*tool_(?:call|response|result)|\"(?:ok|error|hint|note)\"\s*:|"
+    r"already remembered as|\bsimilar memories\b|<\s*/?\s*(?:tool_(?:call|response|result)|tools?\s*>)|"
+    r"\"(?:ok|error|hint|note)\"\s*:|"
     # what a tool result says, retold: "has been assigned the memory ... with an ID of 2", "memory #4", "the 7005 user"
     r"\bassigned (?:the |a |this )?memor(?:y|ies)\b|\bmemor(?:y|ies) (?:id|#)\s*\d|\b(?:with |con )(?:an? |the |el )?id\b"
     r"(?: of| is| de)?\s*#?\d|\b\d{3,} user\b",
